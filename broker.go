@@ -1,0 +1,371 @@
+// Package mq is the message-queue boundary of a multi-tenant ingest service.
+//
+// API processes publish events per tenant and table ([Publisher]), keep one live
+// subscription each to fan events out to SSE clients ([Subscriber]), and fill an SSE
+// client's gap from the stored history ([Replayer]). Ingest workers consume every event
+// through one durable consumer ([ConsumerManager], [Consumer]), acknowledge what they
+// wrote, and park poison events on the dead-letter queue ([DeadLetterer]).
+//
+// Two implementations share one JetStream topology (see [NATSTopology]): [EmbeddedNATS]
+// runs nats-server in-process and creates the topology itself; ExternalNATS connects to
+// an operator-owned cluster and only verifies it. The package mqtest states the contract
+// once as a conformance suite that any Broker can run.
+//
+// Errors are matched with [errors.Is] against the sentinels below, never by text.
+package mq
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Every error a Broker returns for one of these conditions wraps the
+// sentinel, so callers branch with errors.Is and never parse messages.
+var (
+	// ErrQueueFull: the event was refused because a limit was reached: the tenant's
+	// byte budget, a tenant that was never given a budget, or a stream or per-topic
+	// limit. It is backpressure: retry after the consumers caught up.
+	ErrQueueFull = errors.New("mq: queue full")
+
+	// ErrUnavailable: the broker did not answer in time, the connection is lost, or a
+	// stream the topology needs is gone. It is transient: retry later.
+	ErrUnavailable = errors.New("mq: unavailable")
+
+	// ErrConsumerNotFound: the named durable consumer does not exist or its name does
+	// not map onto one this broker knows.
+	ErrConsumerNotFound = errors.New("mq: consumer not found")
+
+	// ErrDeliveryEnded is sent on a Consumer's failed channel when delivery ended on its
+	// own (the durable was deleted, the connection closed for good). It wraps the
+	// broker's reason when there is one.
+	ErrDeliveryEnded = errors.New("mq: consumer delivery ended")
+
+	// ErrNoDeadLetterQueue: DeadLetterCounts was asked about a tenant that has no
+	// dead-letter queue. Brokers whose tenants share one queue return zero counts.
+	ErrNoDeadLetterQueue = errors.New("mq: dead-letter queue not found")
+
+	// ErrTopology: the NATS cluster does not have the shape this package needs. The
+	// error is a *TopologyError that lists every finding.
+	ErrTopology = errors.New("mq: nats topology mismatch")
+
+	// ErrInvalidTopic: a topic without a valid tenant or table, or one whose encoded key
+	// is too long. Not something a retry can fix.
+	ErrInvalidTopic = errors.New("mq: invalid topic")
+
+	// ErrInvalidTenant: a tenant id outside the [TenantID] grammar. Topic errors caused
+	// by the tenant wrap both this and ErrInvalidTopic.
+	ErrInvalidTenant = errors.New("mq: invalid tenant id")
+
+	// ErrInvalidHeader: a publish option set a header the broker reserves for itself.
+	ErrInvalidHeader = errors.New("mq: invalid header")
+
+	// ErrPayloadTooLarge: the event is larger than the broker accepts. Refused before
+	// anything is sent.
+	ErrPayloadTooLarge = errors.New("mq: payload too large")
+
+	// ErrClosed: the broker was closed.
+	ErrClosed = errors.New("mq: broker closed")
+)
+
+// Topic addresses an event: a tenant's table, optionally narrowed by a scope. Table and
+// Scope are raw names (any UTF-8 or even binary string); the broker escapes them. Table
+// is required; an empty Scope means "no scope". Topic is comparable, so callers may key
+// maps by it.
+type Topic struct {
+	Tenant TenantID
+	Table  string
+	Scope  string
+}
+
+// Message is one delivered event.
+//
+// A Message handed to a handler is owned by that handler until it returns; it must be
+// settled (Ack, DoubleAck, Nak, NakWithDelay) at most once. Messages delivered by
+// Subscribe and ReplaySince carry no settlement: their settle methods do nothing.
+type Message struct {
+	// Data is the event's payload.
+	Data []byte
+	// Timestamp is when the broker stored the event.
+	Timestamp time.Time
+	// Headers are the event's headers as published (options and trace context), without
+	// the broker's own bookkeeping headers.
+	Headers Headers
+	// Ctx is the context a handler should work under. On the hub path (Subscribe) it
+	// carries the publisher's trace context; on the worker path (Consume) it is the
+	// context given to CreateConsumer.
+	Ctx context.Context
+
+	key     string
+	settler Settler
+}
+
+// Settler settles one delivered message with the broker that delivered it. Broker
+// implementations supply one through [WithSettler]; a jetstream.Msg is a Settler.
+type Settler interface {
+	Ack() error
+	DoubleAck(ctx context.Context) error
+	Nak() error
+	NakWithDelay(delay time.Duration) error
+	InProgress() error
+}
+
+// MessageOpt configures a Message built with NewMessage.
+type MessageOpt func(*Message)
+
+// WithSettler binds the message's settle methods to s.
+func WithSettler(s Settler) MessageOpt { return func(m *Message) { m.settler = s } }
+
+// WithTimestamp sets the message's stored time.
+func WithTimestamp(t time.Time) MessageOpt { return func(m *Message) { m.Timestamp = t } }
+
+// WithMessageHeaders sets the message's headers.
+func WithMessageHeaders(h Headers) MessageOpt { return func(m *Message) { m.Headers = h } }
+
+// NewMessage builds a message for topic. Brokers use it to hand deliveries to handlers;
+// tests use it to park events directly. An invalid topic still yields a message whose
+// TopicKey is empty. A message without a settler settles as a no-op.
+func NewMessage(ctx context.Context, topic Topic, data []byte, opts ...MessageOpt) *Message {
+	key, _ := topic.Key()
+	return newKeyedMessage(ctx, key, data, opts...)
+}
+
+func newKeyedMessage(ctx context.Context, key string, data []byte, opts ...MessageOpt) *Message {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	m := &Message{Ctx: ctx, Data: data, key: key}
+	for _, opt := range opts {
+		opt(m)
+	}
+	return m
+}
+
+// TopicKey returns the message's topic key as delivered, undecoded: cheap and meant for
+// log lines. See [Topic.Key].
+func (m *Message) TopicKey() string { return m.key }
+
+// Topic decodes the message's topic key. A key this package could not have written (a
+// foreign subject) decodes to a Topic with no tenant whose Table is the whole key, so
+// nothing is dropped.
+func (m *Message) Topic() Topic {
+	t, err := ParseTopicKey(m.key)
+	if err != nil {
+		return Topic{Table: m.key}
+	}
+	return t
+}
+
+// Ack acknowledges the message without waiting for the broker's confirmation.
+func (m *Message) Ack() error {
+	if m.settler == nil {
+		return nil
+	}
+	return m.settler.Ack()
+}
+
+// DoubleAck acknowledges the message and waits until the broker confirmed it: use it
+// after the event was durably written elsewhere.
+func (m *Message) DoubleAck(ctx context.Context) error {
+	if m.settler == nil {
+		return nil
+	}
+	return m.settler.DoubleAck(ctx)
+}
+
+// Nak asks for the message to be delivered again.
+func (m *Message) Nak() error {
+	if m.settler == nil {
+		return nil
+	}
+	return m.settler.Nak()
+}
+
+// NakWithDelay asks for the message to be delivered again, no sooner than delay.
+func (m *Message) NakWithDelay(delay time.Duration) error {
+	if m.settler == nil {
+		return nil
+	}
+	return m.settler.NakWithDelay(delay)
+}
+
+// InProgress tells the broker the handler is still working on the message, restarting
+// its ack wait.
+func (m *Message) InProgress() error {
+	if m.settler == nil {
+		return nil
+	}
+	return m.settler.InProgress()
+}
+
+// Headers are an event's headers. Keys are exact: case-sensitive and never
+// canonicalised. The shape is that of NATS and HTTP headers.
+type Headers map[string][]string
+
+// Add appends value to key's values.
+func (h Headers) Add(key, value string) { h[key] = append(h[key], value) }
+
+// Set replaces key's values with value.
+func (h Headers) Set(key, value string) { h[key] = []string{value} }
+
+// Get returns key's first value, or "".
+func (h Headers) Get(key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// HeaderIdempotencyKey is the header WithIdempotencyKey sets. A broker stores at most
+// one event per key within its duplicate window and reports the repeats as success.
+const HeaderIdempotencyKey = "Nats-Msg-Id"
+
+// PublishOpt edits the headers of an event being published or parked. The map is never
+// nil when an option runs.
+type PublishOpt func(h Headers)
+
+// WithHeader appends a header value; two calls with one key keep both values. Keys
+// starting with "Nats-" are reserved for the broker and refused with ErrInvalidHeader.
+func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(key, value) } }
+
+// WithIdempotencyKey makes the publish idempotent: a second publish with the same key
+// within the broker's duplicate window is dropped and reported as success.
+func WithIdempotencyKey(key string) PublishOpt {
+	return func(h Headers) { h.Set(HeaderIdempotencyKey, key) }
+}
+
+// Handler handles one delivered message. What a returned error means depends on the
+// path: on the worker path (Consume) the message is nak'ed for redelivery, so a handler
+// that returns an error must not also settle it; on the hub path (Subscribe) there is
+// nothing to redeliver and the error is logged.
+type Handler func(*Message) error
+
+// Publisher stores events.
+type Publisher interface {
+	// Publish stores data as one event on topic and returns once the broker confirmed
+	// it. Errors wrap ErrQueueFull (back off), ErrUnavailable (retry later),
+	// ErrInvalidTopic, ErrInvalidHeader or ErrPayloadTooLarge (nothing was sent),
+	// ErrClosed, or are ctx's error.
+	Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error
+}
+
+// Subscriber is the live hub: every event of every tenant from now on.
+type Subscriber interface {
+	// Subscribe delivers every event published after it returns, of every tenant and
+	// topic, each tenant's in publish order, to handler, one at a time. It returns once
+	// delivery is live; delivery runs until ctx is done or the broker closes. Whether
+	// name identifies anything is the implementation's: the NATS brokers ignore it,
+	// because every process needs every event.
+	Subscribe(ctx context.Context, name string, handler Handler) error
+}
+
+// ConsumerConfig configures the durable ingest consumer. Zero fields take the broker's
+// defaults.
+type ConsumerConfig struct {
+	// Durable names the durable consumer. The NATS brokers know one: the topology's
+	// ingest consumer, also reachable as "buffer-consumer", the ingest worker's name.
+	Durable string
+	// AckWait is how long a delivered, unsettled message waits before redelivery.
+	AckWait time.Duration
+	// MaxAckPending caps the unsettled messages per delivery unit (a partition).
+	MaxAckPending int
+}
+
+// ConsumerManager creates the durable ingest consumer.
+type ConsumerManager interface {
+	// CreateConsumer returns the durable consumer cfg names. Whether it creates the
+	// durable or only finds and checks one is the implementation's; a name it cannot
+	// map is ErrConsumerNotFound. Every delivered Message.Ctx is ctx; ctx does not stop
+	// delivery.
+	CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error)
+}
+
+// Consumer delivers every stored event at least once.
+type Consumer interface {
+	// Consume starts delivery to handler: every event at least once, in order per
+	// tenant, delivery units (partitions) concurrently. About prefetch messages are
+	// fetched ahead in total, split across the units (at least one each); 0 takes the
+	// broker's default. A handler error naks the message.
+	//
+	// stop requests the end and returns at once; a handler call already in flight may
+	// still run after it returns. failed carries exactly one error wrapping
+	// ErrDeliveryEnded if delivery ends on its own, and nothing once stop was called.
+	Consume(handler Handler, prefetch int) (stop func(), failed <-chan error, err error)
+}
+
+// DeadLetterCounts are one tenant's parked events. Every scope of a table counts under
+// the table itself.
+type DeadLetterCounts struct {
+	// Tables maps a table name to its parked count; narrowed by the table filter.
+	Tables map[string]uint64
+	// Total is the tenant's whole parked count, whatever the filter.
+	Total uint64
+}
+
+// DeadLetterer parks poison events.
+type DeadLetterer interface {
+	// DeadLetter stores msg's data and headers on the dead-letter queue under msg's own
+	// topic, with the option headers added. It does not settle msg: the caller acks it
+	// once the park is confirmed, so a failed park leaves it to be redelivered.
+	DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error
+	// DeadLetterCounts counts tenant's parked events per table. A non-empty table
+	// narrows Tables to that table and all its scopes; Total is never narrowed. A read
+	// failure is an error, never an empty count.
+	DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error)
+}
+
+// Purger reclaims what is both written and no longer needed for replay.
+type Purger interface {
+	// PurgeAcked removes, for each tenant, events that are both acknowledged through
+	// the named consumer and stored before the tenant's cutoff in olderThan; a tenant
+	// absent from the map keeps nothing it acknowledged. It reports whether anything
+	// was removed. A consumer name the broker cannot map is ErrConsumerNotFound. A
+	// broker whose retention belongs to the operator removes nothing and reports false.
+	PurgeAcked(ctx context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error)
+}
+
+// Replayer fills a gap from the stored history.
+type Replayer interface {
+	// ReplaySince sends every stored event of exactly topic (other scopes excluded)
+	// stored at or after since, in order, up to what was stored when the replay
+	// started: it never chases the live tail, which the caller's subscription already
+	// sees. It stops when send returns false. Running out is a nil end; a failure
+	// before that is an error, never an early nil; a done ctx returns ctx's error.
+	ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error
+}
+
+// Budgeter holds per-tenant byte budgets.
+type Budgeter interface {
+	// SetMaxBytes sets tenant's byte budget. Where budgets are enforced, a tenant never
+	// given one is refused with ErrQueueFull.
+	SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error
+	// MaxBytes returns the budget last set in full, or 0.
+	MaxBytes(tenant TenantID) int64
+}
+
+// Stats are counters for operators' gauges.
+type Stats struct {
+	// Connections counts the broker's live client connections (at least 1 while it is
+	// connected).
+	Connections int64
+	// InMsgs and InBytes count what the broker's server (or client) received.
+	InMsgs, InBytes int64
+	// OutMsgs and OutBytes count what it sent.
+	OutMsgs, OutBytes int64
+}
+
+// Broker is the whole message-queue boundary.
+type Broker interface {
+	Publisher
+	Subscriber
+	ConsumerManager
+	DeadLetterer
+	Purger
+	Replayer
+	Budgeter
+	// Stats returns the broker's counters.
+	Stats() (Stats, error)
+	// Close stops every consumer and subscription (none reports failed), then releases
+	// the broker. It is idempotent; afterwards every method returns ErrClosed.
+	Close() error
+}

@@ -1,0 +1,258 @@
+package mq
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATSTopology names and sizes the JetStream objects both NATS brokers use: N
+// interest-retention ingest partitions, a history stream that sources them, one
+// dead-letter stream, and the ingest durable on every partition. Zero fields take the
+// defaults documented on each.
+type NATSTopology struct {
+	// Prefix is the first subject token, one token of [a-z0-9_-]. Default "wh".
+	Prefix string
+	// Partitions is N, the number of ingest partitions. Default 4.
+	Partitions int
+	// IngestConsumer is the durable on every partition. Default "wh-ingest".
+	IngestConsumer string
+	// HistoryStream names the history. Default "<PREFIX>_HISTORY".
+	HistoryStream string
+
+	// PublishTimeout bounds each publish attempt. Default 5s.
+	PublishTimeout time.Duration
+	// AckWait is the worker's ack wait; the durable's must be at least this. Default 60s.
+	AckWait time.Duration
+	// MaxAckPending is the durable's cap on unsettled messages per partition. Default
+	// 10,000.
+	MaxAckPending int
+	// Prefetch is the worker's total prefetch, split across partitions. Default 500.
+	Prefetch int
+
+	// Replicas of every stream. Default 3; EmbeddedNATS always uses 1.
+	Replicas int
+	// PartitionMaxBytes bounds each partition's backlog of unwritten events. Default
+	// 50 GiB.
+	PartitionMaxBytes int64
+	// MaxMsgsPerSubject caps one topic's backlog on a partition. Default 1,000,000.
+	MaxMsgsPerSubject int64
+	// DuplicateWindow of the partitions. Default 2m, and never below the time a
+	// publish with its retries can take.
+	DuplicateWindow time.Duration
+	// HistoryMaxAge is how long the history keeps events: at least the longest gap
+	// window served. Default 15m.
+	HistoryMaxAge time.Duration
+	// HistoryMaxBytes bounds the history. Default 20 GiB.
+	HistoryMaxBytes int64
+	// DeadLetterMaxBytes bounds the dead-letter stream. Default 5 GiB.
+	DeadLetterMaxBytes int64
+	// DeadLetterMaxMsgsPerSubject caps one topic's parked events, so a flood from one
+	// topic evicts only its own. Default 100,000.
+	DeadLetterMaxMsgsPerSubject int64
+}
+
+// Topology defaults.
+const (
+	defaultPrefix            = "wh"
+	defaultPartitions        = 4
+	defaultIngestConsumer    = "wh-ingest"
+	defaultPublishTimeout    = 5 * time.Second
+	defaultAckWait           = 60 * time.Second
+	defaultMaxAckPending     = 10_000
+	defaultPrefetch          = 500
+	defaultReplicas          = 3
+	gib                      = int64(1) << 30
+	defaultPartitionMaxBytes = 50 * gib
+	defaultMaxMsgsPerSubject = 1_000_000
+	defaultDuplicateWindow   = 2 * time.Minute
+	defaultHistoryMaxAge     = 15 * time.Minute
+	defaultHistoryMaxBytes   = 20 * gib
+	defaultDLQMaxBytes       = 5 * gib
+	defaultDLQMaxPerSubject  = 100_000
+
+	// WorkerDurable is the ingest worker's own name for the ingest durable; both it and
+	// NATSTopology.IngestConsumer map onto the same durable.
+	WorkerDurable = "buffer-consumer"
+
+	// publishRetries is how often a publish whose answer was lost is sent again, with
+	// the same message id, publishRetryWait apart.
+	publishRetries   = 2
+	publishRetryWait = 250 * time.Millisecond
+
+	metaPartition  = "wavehouse.dev/partition"
+	metaPartitions = "wavehouse.dev/partitions"
+)
+
+var prefixPattern = regexp.MustCompile(`^[a-z0-9_-]+$`)
+
+// WithDefaults returns t with every zero field set to its default.
+func (t NATSTopology) WithDefaults() NATSTopology {
+	setDefault(&t.Prefix, defaultPrefix)
+	setDefault(&t.Partitions, defaultPartitions)
+	setDefault(&t.IngestConsumer, defaultIngestConsumer)
+	setDefault(&t.HistoryStream, strings.ToUpper(t.Prefix)+"_HISTORY")
+	setDefault(&t.PublishTimeout, defaultPublishTimeout)
+	setDefault(&t.AckWait, defaultAckWait)
+	setDefault(&t.MaxAckPending, defaultMaxAckPending)
+	setDefault(&t.Prefetch, defaultPrefetch)
+	setDefault(&t.Replicas, defaultReplicas)
+	setDefault(&t.PartitionMaxBytes, defaultPartitionMaxBytes)
+	setDefault(&t.MaxMsgsPerSubject, defaultMaxMsgsPerSubject)
+	setDefault(&t.DuplicateWindow, max(defaultDuplicateWindow, t.minDuplicateWindow()))
+	setDefault(&t.HistoryMaxAge, defaultHistoryMaxAge)
+	setDefault(&t.HistoryMaxBytes, defaultHistoryMaxBytes)
+	setDefault(&t.DeadLetterMaxBytes, defaultDLQMaxBytes)
+	setDefault(&t.DeadLetterMaxMsgsPerSubject, defaultDLQMaxPerSubject)
+	return t
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// Validate reports the first field of t (after defaults) that cannot work.
+func (t NATSTopology) Validate() error {
+	t = t.WithDefaults()
+	switch {
+	case !prefixPattern.MatchString(t.Prefix):
+		return fmt.Errorf("nats topology: prefix %q must be one token of [a-z0-9_-]", t.Prefix)
+	case t.Partitions < 1:
+		return fmt.Errorf("nats topology: partitions %d must be at least 1", t.Partitions)
+	case !validName(t.IngestConsumer):
+		return fmt.Errorf("nats topology: ingest consumer %q is not a valid consumer name", t.IngestConsumer)
+	case !validName(t.HistoryStream):
+		return fmt.Errorf("nats topology: history stream %q is not a valid stream name", t.HistoryStream)
+	case t.PublishTimeout < 0, t.AckWait < 0, t.DuplicateWindow < 0, t.HistoryMaxAge < 0:
+		return fmt.Errorf("nats topology: durations must not be negative")
+	case t.MaxAckPending < 0, t.Prefetch < 0, t.Replicas < 0:
+		return fmt.Errorf("nats topology: counts must not be negative")
+	case t.DuplicateWindow < t.minDuplicateWindow():
+		return fmt.Errorf("nats topology: duplicate window %s is shorter than a publish with its retries (%s)",
+			t.DuplicateWindow, t.minDuplicateWindow())
+	}
+	return nil
+}
+
+// validName reports whether s is a usable stream or consumer name.
+func validName(s string) bool {
+	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n/\\")
+}
+
+// minDuplicateWindow is the time from a publish's first attempt to the end of its last
+// retry: (retries+1) x PublishTimeout + retries x retry wait. A duplicate window below
+// it lets a retried publish be stored twice.
+func (t NATSTopology) minDuplicateWindow() time.Duration {
+	timeout := t.PublishTimeout
+	if timeout == 0 {
+		timeout = defaultPublishTimeout
+	}
+	return (publishRetries+1)*timeout + publishRetries*publishRetryWait
+}
+
+func (t NATSTopology) subjects() subjects { return subjects{prefix: t.Prefix, n: t.Partitions} }
+
+// PartitionStream names partition p's stream: "<PREFIX>_INGEST_<p>".
+func (t NATSTopology) PartitionStream(p int) string {
+	return strings.ToUpper(t.Prefix) + "_INGEST_" + strconv.Itoa(p)
+}
+
+// DeadLetterStream names the dead-letter stream: "<PREFIX>_DLQ".
+func (t NATSTopology) DeadLetterStream() string { return strings.ToUpper(t.Prefix) + "_DLQ" }
+
+// partitionConfig is partition p's stream: interest retention so an acknowledged event
+// leaves, discard new so a full partition pushes back, no max age so nothing unwritten
+// expires, and purge and delete denied.
+func (t NATSTopology) partitionConfig(p int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:                 t.PartitionStream(p),
+		Subjects:             []string{t.subjects().partitionFilter(p)},
+		Retention:            jetstream.InterestPolicy,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		MaxMsgsPerSubject:    t.MaxMsgsPerSubject,
+		MaxBytes:             t.PartitionMaxBytes,
+		MaxMsgs:              -1,
+		MaxAge:               0,
+		MaxMsgSize:           -1,
+		Storage:              jetstream.FileStorage,
+		Replicas:             t.Replicas,
+		Duplicates:           t.DuplicateWindow,
+		DenyPurge:            true,
+		DenyDelete:           true,
+		Metadata: map[string]string{
+			metaPartition:  strconv.Itoa(p),
+			metaPartitions: strconv.Itoa(t.Partitions),
+		},
+	}
+}
+
+// ingestConsumerConfig is the durable on partition p: pull, explicit ack, never
+// expiring, redelivering without limit from the first event.
+func (t NATSTopology) ingestConsumerConfig(p int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       t.IngestConsumer,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       t.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: t.MaxAckPending,
+		FilterSubject: t.subjects().partitionFilter(p),
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+}
+
+// historyConfig is the history: no subjects of its own, a source per partition, and
+// limits retention with discard old, so a full history never holds rows on the
+// partitions.
+func (t NATSTopology) historyConfig() jetstream.StreamConfig {
+	sources := make([]*jetstream.StreamSource, t.Partitions)
+	for p := range sources {
+		sources[p] = &jetstream.StreamSource{Name: t.PartitionStream(p)}
+	}
+	return jetstream.StreamConfig{
+		Name:       t.HistoryStream,
+		Sources:    sources,
+		Retention:  jetstream.LimitsPolicy,
+		Discard:    jetstream.DiscardOld,
+		MaxAge:     t.HistoryMaxAge,
+		MaxBytes:   t.HistoryMaxBytes,
+		MaxMsgs:    -1,
+		MaxMsgSize: -1,
+		Storage:    jetstream.FileStorage,
+		Replicas:   t.Replicas,
+	}
+}
+
+// deadLetterConfig is the dead-letter stream: limits retention, discard old, and a
+// per-topic cap so one flooding topic evicts only its own parked events.
+func (t NATSTopology) deadLetterConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              t.DeadLetterStream(),
+		Subjects:          []string{t.subjects().deadLetterAll()},
+		Retention:         jetstream.LimitsPolicy,
+		Discard:           jetstream.DiscardOld,
+		MaxBytes:          t.DeadLetterMaxBytes,
+		MaxMsgsPerSubject: t.DeadLetterMaxMsgsPerSubject,
+		MaxMsgs:           -1,
+		MaxMsgSize:        -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          t.Replicas,
+	}
+}
+
+// durableFor maps a consumer name onto the ingest durable: the worker's own name and
+// the configured one both do; anything else is ErrConsumerNotFound.
+func (t NATSTopology) durableFor(name string) (string, error) {
+	if name == WorkerDurable || name == t.IngestConsumer {
+		return t.IngestConsumer, nil
+	}
+	return "", fmt.Errorf("%w: %q (known: %q, %q)", ErrConsumerNotFound, name, WorkerDurable, t.IngestConsumer)
+}
