@@ -1,0 +1,104 @@
+package mq
+
+import (
+	"fmt"
+	"sync"
+)
+
+// budgets enforces per-tenant byte budgets over the shared partitions. A tenant's
+// backlog is the size of its events stored and not yet acknowledged through the ingest
+// durable. Events are held under their message id from before they are sent until they
+// are acknowledged, so an ack that overtakes the publish's answer, or a duplicate
+// publish, never counts twice.
+type budgets struct {
+	mu    sync.Mutex
+	max   map[TenantID]int64
+	used  map[TenantID]int64
+	held  map[string]heldEvent
+	total int64
+}
+
+type heldEvent struct {
+	tenant TenantID
+	size   int64
+}
+
+func newBudgets() *budgets {
+	return &budgets{max: map[TenantID]int64{}, used: map[TenantID]int64{}, held: map[string]heldEvent{}}
+}
+
+// eventSize is what an event counts against its tenant's budget: subject, user
+// headers and data. It is computed alike at publish and when the backlog is rebuilt.
+func eventSize(subject string, h Headers, dataLen int) int64 {
+	return int64(len(subject) + headerSize(h) + dataLen)
+}
+
+// reserve holds size bytes of tenant's budget for the event with message id. It
+// reports false with no error when id is already held (a repeated publish).
+func (b *budgets) reserve(tenant TenantID, id string, size int64) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, dup := b.held[id]; dup {
+		return false, nil
+	}
+	limit, ok := b.max[tenant]
+	if !ok {
+		return false, fmt.Errorf("%w: tenant %s has no byte budget (SetMaxBytes opens it)", ErrQueueFull, tenant)
+	}
+	if used := b.used[tenant]; used+size > limit {
+		return false, fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
+			ErrQueueFull, tenant, used, size, limit)
+	}
+	b.hold(id, heldEvent{tenant: tenant, size: size})
+	return true, nil
+}
+
+// hold counts an event without checking the budget: a backlog rebuilt from disk.
+func (b *budgets) hold(id string, ev heldEvent) {
+	if _, dup := b.held[id]; dup {
+		return
+	}
+	b.held[id] = ev
+	b.used[ev.tenant] += ev.size
+	b.total += ev.size
+}
+
+// release stops counting the event with message id; releasing twice is harmless.
+func (b *budgets) release(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ev, ok := b.held[id]
+	if !ok {
+		return
+	}
+	delete(b.held, id)
+	b.used[ev.tenant] -= ev.size
+	b.total -= ev.size
+}
+
+func (b *budgets) set(tenant TenantID, n int64) {
+	b.mu.Lock()
+	b.max[tenant] = n
+	b.mu.Unlock()
+}
+
+// limit returns tenant's budget and whether it has one.
+func (b *budgets) limit(tenant TenantID) (int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n, ok := b.max[tenant]
+	return n, ok
+}
+
+// snapshot returns every budgeted tenant's budget and backlog.
+func (b *budgets) snapshot() (limits, used map[TenantID]int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	limits = make(map[TenantID]int64, len(b.max))
+	used = make(map[TenantID]int64, len(b.max))
+	for t, n := range b.max {
+		limits[t] = n
+		used[t] = b.used[t]
+	}
+	return limits, used
+}

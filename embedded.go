@@ -1,0 +1,571 @@
+package mq
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// EmbeddedOptions configures an EmbeddedNATS. The zero value is a working broker in a
+// temporary directory with no network listener.
+type EmbeddedOptions struct {
+	// StoreDir holds the JetStream store. Empty means a new temporary directory that
+	// Close removes; a named directory is kept and can be opened again.
+	StoreDir string
+	// ListenAddr, when set (e.g. "127.0.0.1:0"), also serves NATS clients on that TCP
+	// address; see ClientURL. Empty means in-process connections only.
+	ListenAddr string
+	// Topology names and sizes the streams. Zero fields take NATSTopology's defaults;
+	// replicas are always 1.
+	Topology NATSTopology
+	// NoSync skips the fsync after every write: faster, and a power loss (not a
+	// process crash) can lose the last acknowledged writes.
+	NoSync bool
+	// ReadyTimeout bounds the server's start. Default 10s.
+	ReadyTimeout time.Duration
+	// Logger receives the broker's and the server's logs (attribute component=nats).
+	// Default slog.Default().
+	Logger *slog.Logger
+	// MeterProvider receives the per-tenant backlog and budget gauges. Default: none.
+	MeterProvider metric.MeterProvider
+}
+
+// EmbeddedNATS is a Broker over an in-process nats-server. It creates the topology of
+// NATSTopology itself and enforces per-tenant byte budgets, because it sees every
+// publish: a tenant never given a budget is refused with ErrQueueFull.
+type EmbeddedNATS struct {
+	core      *natsCore
+	topo      NATSTopology
+	subs      subjects
+	js        jetstream.JetStream
+	nc        *nats.Conn
+	srv       *server.Server
+	log       *slog.Logger
+	budgets   *budgets
+	kv        jetstream.KeyValue
+	metrics   metric.Registration
+	tempDir   string
+	listening bool
+}
+
+var _ Broker = (*EmbeddedNATS)(nil)
+
+// Embedded broker bounds.
+const (
+	defaultReadyTimeout = 10 * time.Second
+	bootTimeout         = 30 * time.Second
+	sourceAttachWait    = 10 * time.Second
+	rebuildFetch        = 1024
+	rebuildWait         = time.Second
+	closeFlushTimeout   = 2 * time.Second
+	// msgSizeHeader carries the payload size of a message delivered headers-only.
+	msgSizeHeader = "Nats-Msg-Size"
+	// maxStore is what JetStream may reserve for all streams together: huge, because
+	// budgets, not the server, bound each tenant, and half the int64 range because a
+	// store that fails to open can release a reservation it never made.
+	maxStore = math.MaxInt64 / 2
+)
+
+// NewEmbedded starts an in-process nats-server, creates or updates the topology (every
+// partition with its durable before anything can be published, the history sourcing
+// them, the dead-letter stream), restores the budgets and backlogs kept in the store,
+// and returns the broker.
+func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, error) {
+	topo := opts.Topology.WithDefaults()
+	topo.Replicas = 1
+	if err := topo.Validate(); err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	log := cmp.Or(opts.Logger, slog.Default())
+	e := &EmbeddedNATS{topo: topo, subs: topo.subjects(), log: log, budgets: newBudgets()}
+	dir := opts.StoreDir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "mq-embedded-")
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats: store: %w", err)
+		}
+		dir, e.tempDir = tmp, tmp
+	}
+	// A store JetStream cannot create fails in the background and readiness would
+	// only time out, so make it first.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("embedded nats: store %s: %w", dir, err)
+	}
+	if err := e.start(opts, dir); err != nil {
+		e.shutdown()
+		return nil, err
+	}
+	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	if err := e.boot(bctx); err != nil {
+		e.shutdown()
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	if err := e.registerMetrics(cmp.Or[metric.MeterProvider](opts.MeterProvider, noop.NewMeterProvider())); err != nil {
+		e.shutdown()
+		return nil, fmt.Errorf("embedded nats: metrics: %w", err)
+	}
+	return e, nil
+}
+
+func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
+	sopts := &server.Options{
+		ServerName:        "mq-embedded-" + nuid.Next(),
+		JetStream:         true,
+		StoreDir:          dir,
+		JetStreamMaxStore: maxStore,
+		SyncAlways:        !opts.NoSync,
+		NoSigs:            true,
+		DontListen:        opts.ListenAddr == "",
+	}
+	if opts.ListenAddr != "" {
+		host, port, err := net.SplitHostPort(opts.ListenAddr)
+		if err != nil {
+			return fmt.Errorf("embedded nats: listen address %q: %w", opts.ListenAddr, err)
+		}
+		sopts.Host = host
+		if sopts.Port, err = strconv.Atoi(port); err != nil {
+			return fmt.Errorf("embedded nats: listen address %q: port: %w", opts.ListenAddr, err)
+		}
+		if sopts.Port == 0 {
+			sopts.Port = server.RANDOM_PORT
+		}
+	}
+	e.listening = !sopts.DontListen
+	srv, err := server.NewServer(sopts)
+	if err != nil {
+		return fmt.Errorf("embedded nats: server: %w", err)
+	}
+	e.srv = srv
+	srv.SetLoggerV2(serverLogger{e.log.With("component", "nats")}, false, false, false)
+	srv.Start()
+	if !srv.ReadyForConnections(cmp.Or(opts.ReadyTimeout, defaultReadyTimeout)) {
+		return fmt.Errorf("embedded nats: server in %s not ready", dir)
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("mq-embedded"),
+		nats.MaxReconnects(-1), nats.NoCallbacksAfterClientClose())
+	if err != nil {
+		return fmt.Errorf("embedded nats: connect: %w", err)
+	}
+	e.nc = nc
+	e.js, err = jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("embedded nats: jetstream: %w", err)
+	}
+	e.core = newNATSCore(e.topo, nc, e.js, e.log)
+	e.core.settler = e.settler
+	return nil
+}
+
+// boot creates the topology and restores what the store holds.
+func (e *EmbeddedNATS) boot(ctx context.Context) error {
+	for p := range e.topo.Partitions {
+		cfg := e.topo.partitionConfig(p)
+		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+		// The durable comes before any publish: an interest stream stores a publish
+		// nowhere when no consumer's filter covers it.
+		if _, err := e.js.CreateOrUpdateConsumer(ctx, cfg.Name, e.topo.ingestConsumerConfig(p)); err != nil {
+			return fmt.Errorf("consumer %s/%s: %w", cfg.Name, e.topo.IngestConsumer, err)
+		}
+	}
+	for _, cfg := range []jetstream.StreamConfig{e.topo.historyConfig(), e.topo.deadLetterConfig()} {
+		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+	}
+	kv, err := e.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      e.budgetBucket(),
+		Description: "per-tenant byte budgets of the embedded mq broker",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
+	}
+	e.kv = kv
+	if err := e.loadBudgets(ctx); err != nil {
+		return err
+	}
+	for p := range e.topo.Partitions {
+		if err := e.rebuildBacklog(ctx, p); err != nil {
+			return err
+		}
+	}
+	e.awaitSources(ctx)
+	return nil
+}
+
+func (e *EmbeddedNATS) budgetBucket() string { return strings.ToUpper(e.topo.Prefix) + "_BUDGETS" }
+
+func (e *EmbeddedNATS) loadBudgets(ctx context.Context) error {
+	keys, err := e.kv.ListKeys(ctx)
+	if err != nil {
+		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
+	}
+	for key := range keys.Keys() {
+		entry, err := e.kv.Get(ctx, key)
+		if err != nil {
+			return fmt.Errorf("budget of tenant %s: %w", key, err)
+		}
+		n, err := strconv.ParseInt(string(entry.Value()), 10, 64)
+		if err != nil || TenantID(key).Validate() != nil {
+			e.log.Warn("mq: ignoring a malformed stored budget", "key", key)
+			continue
+		}
+		e.budgets.set(TenantID(key), n)
+	}
+	return nil
+}
+
+// rebuildBacklog counts partition p's events above the durable's ack floor against
+// their tenants, reading headers only.
+func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
+	name := e.topo.PartitionStream(p)
+	stream, err := e.js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", name, err)
+	}
+	cons, err := stream.Consumer(ctx, e.topo.IngestConsumer)
+	if err != nil {
+		return fmt.Errorf("consumer %s/%s: %w", name, e.topo.IngestConsumer, err)
+	}
+	floor := cons.CachedInfo().AckFloor.Stream
+	last := stream.CachedInfo().State.LastSeq
+	if last <= floor {
+		return nil
+	}
+	scan, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   floor + 1,
+		HeadersOnly:   true,
+	})
+	if err != nil {
+		return fmt.Errorf("stream %s: backlog scan: %w", name, err)
+	}
+	for {
+		batch, err := scan.Fetch(rebuildFetch, jetstream.FetchMaxWait(rebuildWait))
+		if err != nil {
+			return fmt.Errorf("stream %s: backlog scan: %w", name, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			e.holdStored(m)
+			if meta.Sequence.Stream >= last {
+				return nil
+			}
+		}
+		if got == 0 {
+			return nil
+		}
+	}
+}
+
+// holdStored counts a stored event (delivered headers-only) against its tenant.
+func (e *EmbeddedNATS) holdStored(m jetstream.Msg) {
+	key, ok := e.subs.key(m.Subject())
+	if !ok {
+		return
+	}
+	t, err := ParseTopicKey(key)
+	if err != nil {
+		return
+	}
+	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
+	id := m.Headers().Get(HeaderIdempotencyKey)
+	if id == "" {
+		return
+	}
+	e.budgets.mu.Lock()
+	e.budgets.hold(id, heldEvent{tenant: t.Tenant, size: eventSize(m.Subject(), userHeaders(m.Headers()), dataLen)})
+	e.budgets.mu.Unlock()
+}
+
+// awaitSources waits, bounded, until the history has attached every partition: an
+// event acknowledged before its source attached would never reach the history.
+func (e *EmbeddedNATS) awaitSources(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, sourceAttachWait)
+	defer cancel()
+	for {
+		if attached, err := e.sourcesAttached(ctx); err == nil && attached {
+			return
+		}
+		if sleepCtx(ctx, 20*time.Millisecond) != nil {
+			e.log.Warn("mq: the history has not attached every partition yet", "stream", e.topo.HistoryStream)
+			return
+		}
+	}
+}
+
+func (e *EmbeddedNATS) sourcesAttached(ctx context.Context) (bool, error) {
+	stream, err := e.js.Stream(ctx, e.topo.HistoryStream)
+	if err != nil {
+		return false, err
+	}
+	seen := 0
+	for _, src := range stream.CachedInfo().Sources {
+		if src.Active < 0 {
+			return false, nil
+		}
+		seen++
+	}
+	return seen == e.topo.Partitions, nil
+}
+
+// settler releases the event's budget once the worker acknowledged it.
+func (e *EmbeddedNATS) settler(m jetstream.Msg) Settler {
+	return budgetSettler{Msg: m, release: func() { e.budgets.release(m.Headers().Get(HeaderIdempotencyKey)) }}
+}
+
+type budgetSettler struct {
+	jetstream.Msg
+	release func()
+}
+
+func (s budgetSettler) Ack() error {
+	err := s.Msg.Ack()
+	if err == nil {
+		s.release()
+	}
+	return err
+}
+
+func (s budgetSettler) DoubleAck(ctx context.Context) error {
+	err := s.Msg.DoubleAck(ctx)
+	if err == nil {
+		s.release()
+	}
+	return err
+}
+
+// ClientURL returns the URL NATS clients reach the server at, or "" without a
+// listener.
+func (e *EmbeddedNATS) ClientURL() string {
+	if !e.listening {
+		return ""
+	}
+	return e.srv.ClientURL()
+}
+
+// Publish stores data on the tenant's partition once it fits the tenant's budget.
+func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error {
+	if err := e.core.checkOpen(); err != nil {
+		return err
+	}
+	subject, p, err := e.subs.ingestTopic(topic)
+	if err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	ev, err := e.core.prepare(ctx, subject, e.topo.PartitionStream(p), nil, data, opts)
+	if err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	id := ev.header.Get(HeaderIdempotencyKey)
+	if id == "" {
+		id = nuid.Next()
+		ev.header.Set(HeaderIdempotencyKey, id)
+	}
+	fresh, err := e.budgets.reserve(topic.Tenant, id, eventSize(subject, userHeaders(nats.Header(ev.header)), len(data)))
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", subject, err)
+	}
+	ack, err := e.core.send(ctx, ev)
+	if fresh && (err != nil || ack.Duplicate) {
+		e.budgets.release(id)
+	}
+	return err
+}
+
+// Subscribe runs the hub: an ordered consumer on the history from now on.
+func (e *EmbeddedNATS) Subscribe(ctx context.Context, _ string, handler Handler) error {
+	if handler == nil {
+		return errors.New("subscribe: nil handler")
+	}
+	return e.core.subscribe(ctx, handler)
+}
+
+// CreateConsumer maps cfg.Durable onto the ingest durable and applies cfg's AckWait and
+// MaxAckPending to it on every partition.
+func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
+	if err := e.core.checkOpen(); err != nil {
+		return nil, err
+	}
+	durable, err := e.topo.durableFor(cfg.Durable)
+	if err != nil {
+		return nil, fmt.Errorf("create consumer: %w", err)
+	}
+	if cfg.AckWait < 0 || cfg.MaxAckPending < 0 {
+		return nil, fmt.Errorf("create consumer %s: negative ack wait or max ack pending", cfg.Durable)
+	}
+	for p := range e.topo.Partitions {
+		want := e.topo.ingestConsumerConfig(p)
+		want.AckWait = cmp.Or(cfg.AckWait, want.AckWait)
+		want.MaxAckPending = cmp.Or(cfg.MaxAckPending, want.MaxAckPending)
+		if _, err := e.js.CreateOrUpdateConsumer(ctx, e.topo.PartitionStream(p), want); err != nil {
+			return nil, e.core.mapRequestError(fmt.Sprintf("create consumer %s on stream %s", durable, e.topo.PartitionStream(p)), err)
+		}
+	}
+	return &worker{core: e.core, ctx: ctx, durable: durable}, nil
+}
+
+// DeadLetter parks msg on the dead-letter stream under its own topic.
+func (e *EmbeddedNATS) DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error {
+	return e.core.deadLetter(ctx, msg, opts)
+}
+
+// DeadLetterCounts counts tenant's parked events; a tenant never given a budget has no
+// queue and is ErrNoDeadLetterQueue.
+func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
+	if err := e.core.checkOpen(); err != nil {
+		return DeadLetterCounts{}, err
+	}
+	if err := tenant.Validate(); err != nil {
+		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: %w", err)
+	}
+	if _, ok := e.budgets.limit(tenant); !ok {
+		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: tenant %s was never given a budget: %w", tenant, ErrNoDeadLetterQueue)
+	}
+	return e.core.deadLetterCounts(ctx, tenant, table)
+}
+
+// ReplaySince replays topic from the history.
+func (e *EmbeddedNATS) ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
+	subject, _, err := e.subs.ingestTopic(topic)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	return e.core.replay(ctx, subject, since, send)
+}
+
+// SetMaxBytes records tenant's budget in the store and enforces it from now on.
+func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error {
+	if err := e.core.checkOpen(); err != nil {
+		return err
+	}
+	if err := tenant.Validate(); err != nil {
+		return fmt.Errorf("set max bytes: %w", err)
+	}
+	if maxBytes < 0 {
+		return fmt.Errorf("set max bytes: tenant %s: negative budget %d", tenant, maxBytes)
+	}
+	if n, ok := e.budgets.limit(tenant); ok && n == maxBytes {
+		return nil
+	}
+	if _, err := e.kv.Put(ctx, string(tenant), []byte(strconv.FormatInt(maxBytes, 10))); err != nil {
+		return e.core.mapRequestError("set max bytes: tenant "+string(tenant), err)
+	}
+	e.budgets.set(tenant, maxBytes)
+	return nil
+}
+
+// MaxBytes returns tenant's budget, or 0.
+func (e *EmbeddedNATS) MaxBytes(tenant TenantID) int64 {
+	n, _ := e.budgets.limit(tenant)
+	return n
+}
+
+// Stats reads the server's counters.
+func (e *EmbeddedNATS) Stats() (Stats, error) {
+	if err := e.core.checkOpen(); err != nil {
+		return Stats{}, err
+	}
+	v, err := e.srv.Varz(nil)
+	if err != nil {
+		return Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	return Stats{
+		Connections: int64(v.Connections),
+		InMsgs:      v.InMsgs, InBytes: v.InBytes,
+		OutMsgs: v.OutMsgs, OutBytes: v.OutBytes,
+	}, nil
+}
+
+// Close stops every consumer and subscription, flushes pending acks, shuts the server
+// down and waits for it, so the store can be opened again with nothing lost.
+func (e *EmbeddedNATS) Close() error {
+	if !e.core.stopAll() {
+		return nil
+	}
+	e.shutdown()
+	return nil
+}
+
+func (e *EmbeddedNATS) shutdown() {
+	if e.metrics != nil {
+		_ = e.metrics.Unregister()
+	}
+	if e.nc != nil {
+		_ = e.nc.FlushTimeout(closeFlushTimeout)
+		e.nc.Close()
+	}
+	if e.srv != nil {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+	}
+	if e.tempDir != "" {
+		_ = os.RemoveAll(e.tempDir)
+	}
+}
+
+func (e *EmbeddedNATS) registerMetrics(mp metric.MeterProvider) error {
+	meter := mp.Meter("github.com/wavehouse/mq")
+	backlog, err := meter.Int64ObservableGauge("wavehouse_mq_tenant_backlog_bytes",
+		metric.WithDescription("Bytes of the tenant's events stored and not yet acknowledged by the ingest worker."),
+		metric.WithUnit("By"))
+	if err != nil {
+		return err
+	}
+	budget, err := meter.Int64ObservableGauge("wavehouse_mq_tenant_budget_bytes",
+		metric.WithDescription("The tenant's byte budget; publishes past it are refused."),
+		metric.WithUnit("By"))
+	if err != nil {
+		return err
+	}
+	e.metrics, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		limits, used := e.budgets.snapshot()
+		for _, t := range slices.Sorted(maps.Keys(limits)) {
+			attrs := metric.WithAttributes(tenantAttr(t))
+			o.ObserveInt64(budget, limits[t], attrs)
+			o.ObserveInt64(backlog, used[t], attrs)
+		}
+		return nil
+	}, backlog, budget)
+	return err
+}
+
+func tenantAttr(t TenantID) attribute.KeyValue { return attribute.String("tenant", string(t)) }
+
+// serverLogger hands nats-server's log lines to slog. Fatal is logged at Error and
+// never exits the process.
+type serverLogger struct{ log *slog.Logger }
+
+func (l serverLogger) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }
+func (l serverLogger) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l serverLogger) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l serverLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l serverLogger) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l serverLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }

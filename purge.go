@@ -1,0 +1,144 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// PurgeAcked trims each tenant's history: the partitions already drop an event once
+// the worker acknowledged it (interest retention), so what stays to reclaim is the
+// history's copy. For each tenant with events in the history it removes those stored
+// before min(the tenant's cutoff, the time of its first event the worker has not
+// acknowledged); a tenant absent from olderThan has a cutoff of now.
+func (e *EmbeddedNATS) PurgeAcked(ctx context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error) {
+	if err := e.core.checkOpen(); err != nil {
+		return false, err
+	}
+	durable, err := e.topo.durableFor(consumer)
+	if err != nil {
+		return false, fmt.Errorf("purge acked: %w", err)
+	}
+	hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
+	if err != nil {
+		return false, e.core.mapRequestError("purge acked: stream "+e.topo.HistoryStream, err)
+	}
+	info, err := hist.Info(ctx, jetstream.WithSubjectFilter(e.subs.ingestAll()))
+	if err != nil {
+		return false, e.core.mapRequestError("purge acked: stream "+e.topo.HistoryStream, err)
+	}
+	tenants := make(map[TenantID]bool)
+	for subject := range info.State.Subjects {
+		if key, ok := e.subs.key(subject); ok {
+			if t, err := ParseTopicKey(key); err == nil {
+				tenants[t.Tenant] = true
+			}
+		}
+	}
+	now := time.Now()
+	purged := false
+	var errs []error
+	for _, t := range slices.Sorted(maps.Keys(tenants)) {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		cutoff, ok := olderThan[t]
+		if !ok {
+			cutoff = now
+		}
+		did, err := e.purgeTenant(ctx, hist, durable, t, cutoff)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("purge acked: tenant %s: %w", t, err))
+		}
+		purged = purged || did
+	}
+	return purged, errors.Join(errs...)
+}
+
+// purgeTenant removes tenant's history events stored before cutoff, or before its
+// first event still unacknowledged on its partition, whichever is earlier. History
+// copies are stored after their originals, so every copy older than that first
+// unacknowledged original is a copy of an acknowledged one.
+func (e *EmbeddedNATS) purgeTenant(ctx context.Context, hist jetstream.Stream, durable string, t TenantID, cutoff time.Time) (bool, error) {
+	name := e.topo.PartitionStream(Partition(t, e.topo.Partitions))
+	part, err := e.js.Stream(ctx, name)
+	if err != nil {
+		return false, e.core.mapRequestError("stream "+name, err)
+	}
+	cons, err := part.Consumer(ctx, durable)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return false, fmt.Errorf("%w: %s on stream %s", ErrConsumerNotFound, durable, name)
+		}
+		return false, e.core.mapRequestError("consumer "+durable+" on stream "+name, err)
+	}
+	filter := e.subs.tenantIngest(t)
+	unacked, err := part.GetMsg(ctx, cons.CachedInfo().AckFloor.Stream+1, jetstream.WithGetMsgSubject(filter))
+	switch {
+	case err == nil:
+		if unacked.Time.Before(cutoff) {
+			cutoff = unacked.Time
+		}
+	case !errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, e.core.mapRequestError("stream "+name+": first unacknowledged event", err)
+	}
+	first, err := hist.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, e.core.mapRequestError("stream "+e.topo.HistoryStream+": first event", err)
+	}
+	if !first.Time.Before(cutoff) {
+		return false, nil
+	}
+	keep, err := e.firstStoredAtOrAfter(ctx, filter, cutoff)
+	if err != nil {
+		return false, err
+	}
+	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(filter)}
+	if keep > 0 {
+		opts = append(opts, jetstream.WithPurgeSequence(keep))
+	}
+	if err := hist.Purge(ctx, opts...); err != nil {
+		return false, e.core.mapRequestError("stream "+e.topo.HistoryStream+": purge", err)
+	}
+	e.log.Debug("mq: purged acknowledged history", "tenant", t, "below_seq", keep, "cutoff", cutoff)
+	return true, nil
+}
+
+// firstStoredAtOrAfter returns the history sequence of the first event matching filter
+// stored at or after at, or 0 when there is none.
+func (e *EmbeddedNATS) firstStoredAtOrAfter(ctx context.Context, filter string, at time.Time) (uint64, error) {
+	cons, err := e.js.CreateConsumer(ctx, e.topo.HistoryStream, jetstream.ConsumerConfig{
+		AckPolicy:         jetstream.AckNonePolicy,
+		FilterSubject:     filter,
+		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+		OptStartTime:      &at,
+		InactiveThreshold: ephemeralInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	})
+	if err != nil {
+		return 0, e.core.mapRequestError("stream "+e.topo.HistoryStream+": find cutoff", err)
+	}
+	defer e.core.deleteConsumer(e.topo.HistoryStream, cons.CachedInfo().Name)
+	if cons.CachedInfo().NumPending == 0 {
+		return 0, nil
+	}
+	m, err := cons.Next(jetstream.FetchMaxWait(replayPullWait))
+	if err != nil {
+		return 0, e.core.mapRequestError("stream "+e.topo.HistoryStream+": find cutoff", err)
+	}
+	meta, err := m.Metadata()
+	if err != nil {
+		return 0, err
+	}
+	return meta.Sequence.Stream, nil
+}
