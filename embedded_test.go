@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -219,4 +221,147 @@ func replayCount(t *testing.T, e *EmbeddedNATS, topic Topic) int {
 		t.Fatalf("replay: %v", err)
 	}
 	return n
+}
+
+func TestEmbeddedNATS_PurgeAckedKeepsUnackedAndRecentEventsPerTenant(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	for _, tenant := range []TenantID{"acme", "globex"} {
+		require.NoError(t, e.SetMaxBytes(ctx, tenant, 1<<20))
+	}
+	acme, globex := Topic{Tenant: "acme", Table: "p"}, Topic{Tenant: "globex", Table: "p"}
+	for _, d := range []string{"a", "b"} {
+		require.NoError(t, e.Publish(ctx, acme, []byte(d)))
+		require.NoError(t, e.Publish(ctx, globex, []byte(d)))
+	}
+	assert.ElementsMatch(t, []string{"a", "a", "b", "b"}, drain(t, e, 4))
+	require.NoError(t, e.Publish(ctx, acme, []byte("left")))
+	require.Eventually(t, func() bool { return replayCount(t, e, acme) == 3 && replayCount(t, e, globex) == 2 },
+		5*time.Second, 10*time.Millisecond)
+
+	purged, err := e.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"globex": time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	assert.True(t, purged)
+	assert.Equal(t, 1, replayCount(t, e, acme), "acme (absent from the map) keeps only its unacked event")
+	assert.Equal(t, 2, replayCount(t, e, globex), "globex's cutoff is in the past: its recent events stay")
+
+	purged, err = e.PurgeAcked(ctx, WorkerDurable, nil)
+	require.NoError(t, err)
+	assert.True(t, purged)
+	assert.Equal(t, 1, replayCount(t, e, acme), "an unacked event survives any cutoff")
+	assert.Equal(t, 0, replayCount(t, e, globex))
+
+	purged, err = e.PurgeAcked(ctx, WorkerDurable, nil)
+	require.NoError(t, err)
+	assert.False(t, purged, "nothing left to purge")
+
+	_, err = e.PurgeAcked(ctx, "no-such-consumer", nil)
+	require.ErrorIs(t, err, ErrConsumerNotFound)
+}
+
+func TestEmbeddedNATS_DeletedPartitionIsUnavailable(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "t"}
+	require.NoError(t, e.js.DeleteStream(ctx, e.topo.PartitionStream(Partition("acme", e.topo.Partitions))))
+	err := e.Publish(ctx, topic, []byte("x"))
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrQueueFull)
+	assert.Contains(t, err.Error(), e.topo.PartitionStream(Partition("acme", e.topo.Partitions)))
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	assert.Equal(t, int64(1<<20), e.MaxBytes("acme"))
+}
+
+func TestEmbeddedNATS_RefusesBadInputBeforeSending(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 64<<20))
+	topic := Topic{Tenant: "acme", Table: "t"}
+	require.ErrorIs(t, e.Publish(ctx, Topic{Table: "t"}, nil), ErrInvalidTopic)
+	require.ErrorIs(t, e.Publish(ctx, topic, make([]byte, 2<<20)), ErrPayloadTooLarge)
+	require.ErrorIs(t, e.Publish(ctx, topic, nil, WithHeader("Nats-Rollup", "all")), ErrInvalidHeader)
+	require.ErrorIs(t, e.Publish(ctx, topic, nil, WithHeader("X", "a\r\nb")), ErrInvalidHeader)
+	require.ErrorIs(t, e.Publish(ctx, topic, nil, WithHeader("X Y", "v")), ErrInvalidHeader)
+	require.ErrorIs(t, e.SetMaxBytes(ctx, "Acme", 1), ErrInvalidTenant)
+	require.Error(t, e.SetMaxBytes(ctx, "acme", -1))
+	_, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: "other"})
+	require.ErrorIs(t, err, ErrConsumerNotFound)
+	_, err = e.DeadLetterCounts(ctx, "a.b", "")
+	require.ErrorIs(t, err, ErrInvalidTenant)
+	require.ErrorIs(t, e.DeadLetter(ctx, &Message{}), ErrInvalidTopic)
+	info, err := e.js.Stream(ctx, e.topo.PartitionStream(Partition("acme", e.topo.Partitions)))
+	require.NoError(t, err)
+	assert.Zero(t, info.CachedInfo().State.Msgs, "nothing was stored")
+}
+
+func TestEmbeddedNATS_DeadLetterIsAPrefixSwapKeepingHeaders(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	foreign := newKeyedMessage(ctx, "a.b.c.d", []byte("odd"), WithMessageHeaders(Headers{"X-Orig": {"1"}, "Nats-Msg-Id": {"x"}}))
+	require.NoError(t, e.DeadLetter(ctx, foreign, WithHeader("X-Error", "bad")))
+	s, err := e.js.Stream(ctx, e.topo.DeadLetterStream())
+	require.NoError(t, err)
+	m, err := s.GetLastMsgForSubject(ctx, "wh.dlq.a.b.c.d")
+	require.NoError(t, err)
+	assert.Equal(t, "odd", string(m.Data))
+	assert.Equal(t, "1", m.Header.Get("X-Orig"))
+	assert.Equal(t, "bad", m.Header.Get("X-Error"))
+	assert.NotEqual(t, "x", m.Header.Get("Nats-Msg-Id"), "a park gets a fresh id")
+}
+
+func TestEmbeddedNATS_ListensOnlyWhenAsked(t *testing.T) {
+	assert.Empty(t, openEmbedded(t, "").ClientURL())
+	e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.ListenAddr = "127.0.0.1:0" })
+	assert.Contains(t, e.ClientURL(), "nats://127.0.0.1:")
+	_, err := NewEmbedded(t.Context(), EmbeddedOptions{ListenAddr: "nonsense", Logger: quietLog})
+	require.Error(t, err)
+}
+
+func TestNewEmbedded_RefusesAStoreItCannotCreate(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	_, err := NewEmbedded(t.Context(), EmbeddedOptions{StoreDir: filepath.Join(file, "store"), Logger: quietLog})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "store")
+	_, err = NewEmbedded(t.Context(), EmbeddedOptions{Topology: NATSTopology{Prefix: "A.B"}, Logger: quietLog})
+	require.ErrorContains(t, err, "prefix")
+}
+
+func TestEmbeddedNATS_CloseLeavesNothingRunning(t *testing.T) {
+	// goleak itself runs in TestMain; this proves a temp store is removed.
+	e, err := NewEmbedded(t.Context(), EmbeddedOptions{NoSync: true, Logger: quietLog})
+	require.NoError(t, err)
+	dir := e.tempDir
+	require.DirExists(t, dir)
+	ctx := testCtx(t)
+	require.NoError(t, e.Subscribe(ctx, "hub", func(*Message) error { return nil }))
+	c, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	_, failed, err := c.Consume(func(*Message) error { return nil }, 0)
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+	require.NoDirExists(t, dir)
+	select {
+	case err := <-failed:
+		t.Fatalf("Close reported a failure: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	_, err = e.Stats()
+	require.ErrorIs(t, err, ErrClosed)
+}
+
+func TestServerLogger_MapsLevelsAndNeverExits(t *testing.T) {
+	var buf strings.Builder
+	l := serverLogger{slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	l.Noticef("n %d", 1)
+	l.Warnf("w")
+	l.Errorf("e")
+	l.Fatalf("f")
+	l.Debugf("d")
+	l.Tracef("t")
+	out := buf.String()
+	for _, want := range []string{"level=INFO msg=\"n 1\"", "level=WARN msg=w", "level=ERROR msg=e", "level=ERROR msg=f", "level=DEBUG msg=d", "level=DEBUG msg=t"} {
+		assert.Contains(t, out, want)
+	}
 }
