@@ -142,6 +142,9 @@ func (t Topic) String() string {
 // ParseTopicKey decodes a key written by Topic.Key. Any other string is an error
 // wrapping ErrInvalidTopic.
 func ParseTopicKey(key string) (Topic, error) {
+	if len(key) > maxKeyLen {
+		return Topic{}, fmt.Errorf("%w: key is %d bytes, longer than %d", ErrInvalidTopic, len(key), maxKeyLen)
+	}
 	toks := strings.Split(key, ".")
 	if len(toks) < 2 || len(toks) > 3 {
 		return Topic{}, fmt.Errorf("%w: key %q has %d tokens, want 2 or 3", ErrInvalidTopic, key, len(toks))

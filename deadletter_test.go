@@ -1,0 +1,115 @@
+package mq
+
+import (
+	"maps"
+	"testing"
+)
+
+// dlqWant compares a deadLetterTables result with want, reporting both on a mismatch.
+func dlqWant(t *testing.T, got, want map[string]uint64) {
+	t.Helper()
+	if got == nil {
+		t.Fatalf("deadLetterTables returned a nil map")
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("deadLetterTables = %v, want %v", got, want)
+	}
+}
+
+func TestDeadLetterTables_EveryScopeCountsUnderItsTable(t *testing.T) {
+	subs := subjects{prefix: "wh", n: 4}
+	perSubject := map[string]uint64{
+		"wh.dlq.acme.orders":             2,
+		"wh.dlq.acme.orders.org_1":       3,
+		"wh.dlq.acme.orders.org%2E2":     4,
+		"wh.dlq.acme.clicks.x":           1,
+		"wh.dlq.acme.default%2Eclicks":   6,
+		"wh.dlq.acme.%C3%A9.%2A":         8,
+		"wh.dlq.acme.default%2Eclicks.s": 10,
+	}
+	dlqWant(t, deadLetterTables(perSubject, subs, ""), map[string]uint64{
+		"orders":         9,
+		"clicks":         1,
+		"default.clicks": 16,
+		"é":              8,
+	})
+}
+
+func TestDeadLetterTables_TheTableFilterKeepsAllOfThatTablesScopes(t *testing.T) {
+	subs := subjects{prefix: "wh", n: 4}
+	perSubject := map[string]uint64{
+		"wh.dlq.acme.orders":        2,
+		"wh.dlq.acme.orders.org_1":  3,
+		"wh.dlq.acme.orders.org_2":  4,
+		"wh.dlq.acme.clicks":        1,
+		"wh.dlq.acme.clicks.orders": 5, // scope "orders" of table "clicks"
+		"wh.dlq.acme.orders2":       7,
+	}
+	dlqWant(t, deadLetterTables(perSubject, subs, "orders"), map[string]uint64{"orders": 9})
+	dlqWant(t, deadLetterTables(perSubject, subs, "clicks"), map[string]uint64{"clicks": 6})
+	dlqWant(t, deadLetterTables(perSubject, subs, "missing"), map[string]uint64{})
+}
+
+func TestDeadLetterTables_ADottedTableNeverSharesACountWithATableAndScope(t *testing.T) {
+	subs := subjects{prefix: "wh", n: 4}
+	dotted, err := Topic{Tenant: "acme", Table: "a.b"}.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scoped, err := Topic{Tenant: "acme", Table: "a", Scope: "b"}.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if subs.deadLetter(dotted) != "wh.dlq.acme.a%2Eb" || subs.deadLetter(scoped) != "wh.dlq.acme.a.b" {
+		t.Fatalf("dead-letter subjects %q and %q", subs.deadLetter(dotted), subs.deadLetter(scoped))
+	}
+	perSubject := map[string]uint64{
+		subs.deadLetter(dotted): 5,
+		subs.deadLetter(scoped): 7,
+	}
+	dlqWant(t, deadLetterTables(perSubject, subs, ""), map[string]uint64{"a.b": 5, "a": 7})
+	dlqWant(t, deadLetterTables(perSubject, subs, "a.b"), map[string]uint64{"a.b": 5})
+	dlqWant(t, deadLetterTables(perSubject, subs, "a"), map[string]uint64{"a": 7})
+}
+
+func TestDeadLetterTables_AForeignSubjectCountsUnderItsWholeTail(t *testing.T) {
+	subs := subjects{prefix: "wh", n: 4}
+	perSubject := map[string]uint64{
+		"wh.dlq.Bad.x":          1, // our prefix, a tail Key could not have written
+		"wh.dlq.a.b.c.d":        2,
+		"wh.dlq.acme.%2e":       3,
+		"other.dlq.acme.t.s":    4, // another prefix: the whole subject
+		"wh.other.acme.t":       5,
+		"wh.dlq.acme.t":         6,
+		"wh.ingest.01.acme.t.s": 7,
+	}
+	dlqWant(t, deadLetterTables(perSubject, subs, ""), map[string]uint64{
+		"Bad.x":                 1,
+		"a.b.c.d":               2,
+		"acme.%2e":              3,
+		"other.dlq.acme.t.s":    4,
+		"wh.other.acme.t":       5,
+		"t":                     6,
+		"wh.ingest.01.acme.t.s": 7,
+	})
+	dlqWant(t, deadLetterTables(perSubject, subs, "Bad.x"), map[string]uint64{"Bad.x": 1})
+}
+
+func TestDeadLetterTables_ReadsTheKeyUnderItsOwnPrefix(t *testing.T) {
+	subs := subjects{prefix: "acme-wh", n: 4}
+	perSubject := map[string]uint64{
+		"acme-wh.dlq.acme.orders.s": 2,
+		"wh.dlq.acme.orders":        3, // not this prefix's
+	}
+	dlqWant(t, deadLetterTables(perSubject, subs, ""), map[string]uint64{
+		"orders":             2,
+		"wh.dlq.acme.orders": 3,
+	})
+}
+
+func TestDeadLetterTables_AnEmptyInputGivesAnEmptyNonNilMap(t *testing.T) {
+	subs := subjects{prefix: "wh", n: 4}
+	dlqWant(t, deadLetterTables(map[string]uint64{}, subs, ""), map[string]uint64{})
+	dlqWant(t, deadLetterTables(nil, subs, ""), map[string]uint64{})
+	dlqWant(t, deadLetterTables(nil, subs, "orders"), map[string]uint64{})
+}

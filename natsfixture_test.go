@@ -1,0 +1,140 @@
+package mq
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+)
+
+// natsFixture is an in-process nats-server with file storage in a temp dir, and an
+// operator's JetStream handle with full access, standing in for the NACK controller.
+type natsFixture struct {
+	srv   *server.Server
+	opts  *server.Options
+	nc    *nats.Conn
+	admin jetstream.JetStream
+}
+
+func newNATSFixture(t *testing.T) *natsFixture {
+	t.Helper()
+	opts := &server.Options{
+		Host:               "127.0.0.1",
+		Port:               server.RANDOM_PORT,
+		JetStream:          true,
+		StoreDir:           filepath.Join(t.TempDir(), "js"),
+		JetStreamMaxStore:  maxStore,
+		JetStreamMaxMemory: maxStore,
+		NoSigs:             true,
+		NoLog:              true,
+	}
+	f := &natsFixture{opts: opts}
+	f.start(t)
+	return f
+}
+
+func (f *natsFixture) start(t *testing.T) {
+	t.Helper()
+	srv, err := server.NewServer(f.opts)
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second), "nats server not ready")
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	f.srv = srv
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	f.nc = nc
+	f.admin, err = jetstream.New(nc)
+	require.NoError(t, err)
+}
+
+// shape is a topology about to be applied: every stream's and consumer's
+// configuration, in creation order, for a test to break before they exist.
+type shape struct {
+	topo      NATSTopology
+	streams   []jetstream.StreamConfig
+	consumers map[string][]jetstream.ConsumerConfig // by stream name
+}
+
+// shapeOf is topo as the builders make it, at one replica.
+func shapeOf(topo NATSTopology) *shape {
+	topo = topo.WithDefaults()
+	topo.Replicas = 1
+	s := &shape{topo: topo, consumers: map[string][]jetstream.ConsumerConfig{}}
+	for p := range topo.Partitions {
+		cfg := topo.partitionConfig(p)
+		s.streams = append(s.streams, cfg)
+		s.consumers[cfg.Name] = []jetstream.ConsumerConfig{topo.ingestConsumerConfig(p)}
+	}
+	s.streams = append(s.streams, topo.historyConfig(), topo.deadLetterConfig())
+	return s
+}
+
+// stream returns the named stream's configuration for editing.
+func (s *shape) stream(t *testing.T, name string) *jetstream.StreamConfig {
+	i := slices.IndexFunc(s.streams, func(c jetstream.StreamConfig) bool { return c.Name == name })
+	require.GreaterOrEqual(t, i, 0, "no stream %s", name)
+	return &s.streams[i]
+}
+
+// consumer returns the ingest durable's configuration on stream for editing.
+func (s *shape) consumer(t *testing.T, stream string) *jetstream.ConsumerConfig {
+	require.Len(t, s.consumers[stream], 1)
+	return &s.consumers[stream][0]
+}
+
+// drop removes a stream and its consumers.
+func (s *shape) drop(name string) {
+	s.streams = slices.DeleteFunc(s.streams, func(c jetstream.StreamConfig) bool { return c.Name == name })
+	delete(s.consumers, name)
+}
+
+// apply creates the shape on the fixture's server and waits until the history has
+// attached every source it can.
+func (f *natsFixture) apply(t *testing.T, s *shape) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for _, cfg := range s.streams {
+		_, err := f.admin.CreateStream(ctx, cfg)
+		require.NoError(t, err, "create stream %s", cfg.Name)
+		for _, cc := range s.consumers[cfg.Name] {
+			_, err := f.admin.CreateConsumer(ctx, cfg.Name, cc)
+			require.NoError(t, err, "create consumer %s/%s", cfg.Name, cc.Durable)
+		}
+	}
+	f.awaitSources(t, s.topo.HistoryStream)
+}
+
+// awaitSources waits until every existing source of the history is attached, so a
+// correct shape has no transient finding.
+func (f *natsFixture) awaitSources(t *testing.T, history string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		st, err := f.admin.Stream(t.Context(), history)
+		if err != nil {
+			return true // no history: nothing to attach
+		}
+		info := st.CachedInfo()
+		attached := 0
+		for _, src := range info.Sources {
+			if src.Active >= 0 {
+				attached++
+			}
+		}
+		existing := 0
+		for _, src := range info.Config.Sources {
+			if _, err := f.admin.Stream(t.Context(), src.Name); err == nil && src.External == nil {
+				existing++
+			}
+		}
+		return attached >= existing
+	}, 10*time.Second, 10*time.Millisecond)
+}

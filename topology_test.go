@@ -1,0 +1,426 @@
+package mq
+
+import (
+	"errors"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestNATSTopologyWithDefaults_FillsTheDocumentedDefaults(t *testing.T) {
+	got := NATSTopology{}.WithDefaults()
+	want := NATSTopology{
+		Prefix:                      "wh",
+		Partitions:                  4,
+		IngestConsumer:              "wh-ingest",
+		HistoryStream:               "WH_HISTORY",
+		PublishTimeout:              5 * time.Second,
+		AckWait:                     60 * time.Second,
+		MaxAckPending:               10000,
+		Prefetch:                    500,
+		Replicas:                    3,
+		PartitionMaxBytes:           50 << 30,
+		MaxMsgsPerSubject:           1000000,
+		DuplicateWindow:             2 * time.Minute,
+		HistoryMaxAge:               15 * time.Minute,
+		HistoryMaxBytes:             20 << 30,
+		DeadLetterMaxBytes:          5 << 30,
+		DeadLetterMaxMsgsPerSubject: 100000,
+	}
+	if got != want {
+		t.Errorf("WithDefaults() =\n%+v\nwant\n%+v", got, want)
+	}
+	if err := got.Validate(); err != nil {
+		t.Errorf("the defaults do not validate: %v", err)
+	}
+	if err := (NATSTopology{}).Validate(); err != nil {
+		t.Errorf("the zero topology does not validate: %v", err)
+	}
+}
+
+func TestNATSTopologyWithDefaults_KeepsEverySetField(t *testing.T) {
+	set := NATSTopology{
+		Prefix:                      "acme-wh",
+		Partitions:                  7,
+		IngestConsumer:              "my-durable",
+		HistoryStream:               "MY_HISTORY",
+		PublishTimeout:              time.Second,
+		AckWait:                     2 * time.Minute,
+		MaxAckPending:               1,
+		Prefetch:                    3,
+		Replicas:                    1,
+		PartitionMaxBytes:           1 << 20,
+		MaxMsgsPerSubject:           -1,
+		DuplicateWindow:             30 * time.Second,
+		HistoryMaxAge:               time.Hour,
+		HistoryMaxBytes:             2 << 20,
+		DeadLetterMaxBytes:          3 << 20,
+		DeadLetterMaxMsgsPerSubject: 9,
+	}
+	if got := set.WithDefaults(); got != set {
+		t.Errorf("WithDefaults() =\n%+v\nwant it unchanged:\n%+v", got, set)
+	}
+	if err := set.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
+	}
+	// Every field is set above: adding one to NATSTopology without a case here fails.
+	v := reflect.ValueOf(set)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Errorf("field %s is not set in this test", v.Type().Field(i).Name)
+		}
+	}
+}
+
+func TestNATSTopologyWithDefaults_DerivesTheHistoryStreamFromThePrefix(t *testing.T) {
+	for prefix, want := range map[string]string{
+		"":        "WH_HISTORY",
+		"wh":      "WH_HISTORY",
+		"acme-wh": "ACME-WH_HISTORY",
+		"a_1":     "A_1_HISTORY",
+	} {
+		if got := (NATSTopology{Prefix: prefix}).WithDefaults().HistoryStream; got != want {
+			t.Errorf("prefix %q: HistoryStream %q, want %q", prefix, got, want)
+		}
+	}
+	if got := (NATSTopology{Prefix: "acme-wh", HistoryStream: "KEEP"}).WithDefaults().HistoryStream; got != "KEEP" {
+		t.Errorf("a set HistoryStream became %q", got)
+	}
+}
+
+func TestNATSTopologyWithDefaults_RaisesTheDuplicateWindowToALongPublish(t *testing.T) {
+	top := NATSTopology{PublishTimeout: 60 * time.Second}.WithDefaults()
+	if want := 180*time.Second + 500*time.Millisecond; top.DuplicateWindow != want {
+		t.Errorf("DuplicateWindow %s, want %s (3 x 60s + 2 x 250ms)", top.DuplicateWindow, want)
+	}
+	if err := top.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
+	}
+	top = NATSTopology{PublishTimeout: 10 * time.Second}.WithDefaults()
+	if top.DuplicateWindow != 2*time.Minute {
+		t.Errorf("DuplicateWindow %s, want the 2m default", top.DuplicateWindow)
+	}
+}
+
+func TestNATSTopologyMinDuplicateWindow_IsThreeTimeoutsAndTwoRetryWaits(t *testing.T) {
+	cases := []struct {
+		timeout time.Duration
+		want    time.Duration
+	}{
+		{0, 15*time.Second + 500*time.Millisecond},
+		{5 * time.Second, 15*time.Second + 500*time.Millisecond},
+		{time.Second, 3*time.Second + 500*time.Millisecond},
+		{10 * time.Second, 30*time.Second + 500*time.Millisecond},
+		{100 * time.Millisecond, 800 * time.Millisecond},
+	}
+	for _, c := range cases {
+		if got := (NATSTopology{PublishTimeout: c.timeout}).minDuplicateWindow(); got != c.want {
+			t.Errorf("PublishTimeout %s: minDuplicateWindow %s, want %s", c.timeout, got, c.want)
+		}
+	}
+	if got := (NATSTopology{}).WithDefaults().minDuplicateWindow(); got != 15500*time.Millisecond {
+		t.Errorf("minDuplicateWindow at defaults = %s, want 15.5s", got)
+	}
+}
+
+func TestNATSTopologyValidate_RefusesAPrefixThatIsNotOneLowercaseToken(t *testing.T) {
+	for _, prefix := range []string{"A", "Wh", "a.b", "a b", "a*", ">", "a/b", "é", "wh\n"} {
+		err := NATSTopology{Prefix: prefix}.Validate()
+		if err == nil || !strings.Contains(err.Error(), "prefix") {
+			t.Errorf("prefix %q: Validate() = %v, want a prefix error", prefix, err)
+		}
+	}
+	// An empty prefix is the zero value: it takes the default rather than failing.
+	if err := (NATSTopology{Prefix: ""}).Validate(); err != nil {
+		t.Errorf("an empty prefix (default wh) gave %v", err)
+	}
+	if prefixPattern.MatchString("") {
+		t.Errorf("the prefix pattern accepts an empty prefix")
+	}
+	for _, prefix := range []string{"wh", "acme-wh", "a_1", "0"} {
+		if err := (NATSTopology{Prefix: prefix}).Validate(); err != nil {
+			t.Errorf("prefix %q: Validate() = %v, want nil", prefix, err)
+		}
+	}
+}
+
+func TestNATSTopologyValidate_RefusesWhatCannotWork(t *testing.T) {
+	cases := []struct {
+		name string
+		top  NATSTopology
+		want string
+	}{
+		{"negative partitions", NATSTopology{Partitions: -1}, "partitions -1"},
+		{"dotted consumer", NATSTopology{IngestConsumer: "wh.ingest"}, "ingest consumer"},
+		{"consumer with a space", NATSTopology{IngestConsumer: "wh ingest"}, "ingest consumer"},
+		{"wildcard history", NATSTopology{HistoryStream: "H*"}, "history stream"},
+		{"history with a slash", NATSTopology{HistoryStream: "H/1"}, "history stream"},
+		{"a prefix making a bad history name", NATSTopology{Prefix: "a>"}, "prefix"},
+		{"negative publish timeout", NATSTopology{PublishTimeout: -time.Second}, "negative"},
+		{"negative ack wait", NATSTopology{AckWait: -time.Second}, "negative"},
+		{"negative duplicate window", NATSTopology{DuplicateWindow: -time.Second}, "negative"},
+		{"negative history max age", NATSTopology{HistoryMaxAge: -time.Nanosecond}, "negative"},
+		{"negative max ack pending", NATSTopology{MaxAckPending: -1}, "negative"},
+		{"negative prefetch", NATSTopology{Prefetch: -1}, "negative"},
+		{"negative replicas", NATSTopology{Replicas: -1}, "negative"},
+		{"duplicate window below the default minimum", NATSTopology{DuplicateWindow: 15 * time.Second}, "duplicate window"},
+		{"duplicate window just below the minimum", NATSTopology{DuplicateWindow: 15500*time.Millisecond - 1}, "duplicate window"},
+		{"duplicate window below a long publish", NATSTopology{PublishTimeout: 10 * time.Second, DuplicateWindow: 30 * time.Second}, "duplicate window"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.top.Validate()
+			if err == nil {
+				t.Fatalf("Validate() = nil, want an error naming %q", c.want)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Validate() = %q, want it to name %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestNATSTopologyValidate_AcceptsADuplicateWindowOfExactlyTheMinimum(t *testing.T) {
+	for _, top := range []NATSTopology{
+		{DuplicateWindow: 15500 * time.Millisecond},
+		{PublishTimeout: 10 * time.Second, DuplicateWindow: 30500 * time.Millisecond},
+		{Partitions: 1, PublishTimeout: time.Second, DuplicateWindow: 3500 * time.Millisecond},
+	} {
+		if err := top.Validate(); err != nil {
+			t.Errorf("%+v: Validate() = %v", top, err)
+		}
+	}
+}
+
+func TestNATSTopologyDurableFor_MapsTheWorkerNameAndTheConfiguredNameOntoTheDurable(t *testing.T) {
+	def := NATSTopology{}.WithDefaults()
+	custom := NATSTopology{IngestConsumer: "my-durable"}.WithDefaults()
+	cases := []struct {
+		top  NATSTopology
+		name string
+		want string
+	}{
+		{def, "buffer-consumer", "wh-ingest"},
+		{def, WorkerDurable, "wh-ingest"},
+		{def, "wh-ingest", "wh-ingest"},
+		{custom, "buffer-consumer", "my-durable"},
+		{custom, "my-durable", "my-durable"},
+	}
+	for _, c := range cases {
+		got, err := c.top.durableFor(c.name)
+		if err != nil || got != c.want {
+			t.Errorf("IngestConsumer %q: durableFor(%q) = %q, %v; want %q", c.top.IngestConsumer, c.name, got, err, c.want)
+		}
+	}
+}
+
+func TestNATSTopologyDurableFor_AnyOtherNameIsErrConsumerNotFound(t *testing.T) {
+	def := NATSTopology{}.WithDefaults()
+	custom := NATSTopology{IngestConsumer: "my-durable"}.WithDefaults()
+	for _, c := range []struct {
+		top  NATSTopology
+		name string
+	}{
+		{def, ""},
+		{def, "other"},
+		{def, "Buffer-Consumer"},
+		{def, "wh-ingest-0"},
+		{custom, "wh-ingest"},
+		{custom, ""},
+	} {
+		got, err := c.top.durableFor(c.name)
+		if !errors.Is(err, ErrConsumerNotFound) {
+			t.Errorf("IngestConsumer %q: durableFor(%q) = %q, %v; want ErrConsumerNotFound", c.top.IngestConsumer, c.name, got, err)
+		}
+		if got != "" {
+			t.Errorf("durableFor(%q) refused but named %q", c.name, got)
+		}
+		if err != nil && (!strings.Contains(err.Error(), WorkerDurable) || !strings.Contains(err.Error(), c.top.IngestConsumer)) {
+			t.Errorf("error %q does not list the known names", err)
+		}
+	}
+}
+
+func TestNATSTopology_StreamNamesDeriveFromThePrefix(t *testing.T) {
+	for _, c := range []struct {
+		prefix, p0, p3, dlq string
+	}{
+		{"wh", "WH_INGEST_0", "WH_INGEST_3", "WH_DLQ"},
+		{"acme-wh", "ACME-WH_INGEST_0", "ACME-WH_INGEST_3", "ACME-WH_DLQ"},
+	} {
+		top := NATSTopology{Prefix: c.prefix}.WithDefaults()
+		if got := top.PartitionStream(0); got != c.p0 {
+			t.Errorf("PartitionStream(0) = %q, want %q", got, c.p0)
+		}
+		if got := top.PartitionStream(3); got != c.p3 {
+			t.Errorf("PartitionStream(3) = %q, want %q", got, c.p3)
+		}
+		if got := top.DeadLetterStream(); got != c.dlq {
+			t.Errorf("DeadLetterStream() = %q, want %q", got, c.dlq)
+		}
+		if s := top.subjects(); s.prefix != c.prefix || s.n != 4 {
+			t.Errorf("subjects() = %+v, want prefix %q and 4 partitions", s, c.prefix)
+		}
+	}
+}
+
+func TestNATSTopologyPartitionConfig_IsAnInterestPartitionThatPushesBack(t *testing.T) {
+	top := NATSTopology{Prefix: "acme-wh", Partitions: 8, Replicas: 1, DuplicateWindow: 3 * time.Minute}.WithDefaults()
+	for _, p := range []int{0, 5} {
+		got := top.partitionConfig(p)
+		want := jetstream.StreamConfig{
+			Name:                 top.PartitionStream(p),
+			Subjects:             []string{"acme-wh.ingest." + string(rune('0'+p)) + ".>"},
+			Retention:            jetstream.InterestPolicy,
+			Discard:              jetstream.DiscardNew,
+			DiscardNewPerSubject: true,
+			MaxMsgsPerSubject:    1000000,
+			MaxBytes:             50 << 30,
+			MaxMsgs:              -1,
+			MaxAge:               0,
+			MaxMsgSize:           -1,
+			Storage:              jetstream.FileStorage,
+			Replicas:             1,
+			Duplicates:           3 * time.Minute,
+			DenyPurge:            true,
+			DenyDelete:           true,
+			Metadata: map[string]string{
+				"wavehouse.dev/partition":  string(rune('0' + p)),
+				"wavehouse.dev/partitions": "8",
+			},
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("partitionConfig(%d) =\n%+v\nwant\n%+v", p, got, want)
+		}
+		if got.Duplicates < top.minDuplicateWindow() {
+			t.Errorf("partition duplicate window %s is below the minimum %s", got.Duplicates, top.minDuplicateWindow())
+		}
+	}
+	// A subject tenantIngest selects lies under its partition's filter.
+	filter := strings.TrimSuffix(top.partitionConfig(Partition("acme", 8)).Subjects[0], ">")
+	if tenant := top.subjects().tenantIngest("acme"); !strings.HasPrefix(tenant, filter) {
+		t.Errorf("tenant filter %q is outside partition filter %q", tenant, filter)
+	}
+}
+
+func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartition(t *testing.T) {
+	top := NATSTopology{Partitions: 2, AckWait: 90 * time.Second, MaxAckPending: 77}.WithDefaults()
+	got := top.ingestConsumerConfig(1)
+	want := jetstream.ConsumerConfig{
+		Durable:       "wh-ingest",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       90 * time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: 77,
+		FilterSubject: "wh.ingest.1.>",
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ingestConsumerConfig(1) =\n%+v\nwant\n%+v", got, want)
+	}
+	if got.InactiveThreshold != 0 {
+		t.Errorf("the durable expires after %s", got.InactiveThreshold)
+	}
+	if got.FilterSubject != top.partitionConfig(1).Subjects[0] {
+		t.Errorf("consumer filter %q is not partition 1's subjects %v", got.FilterSubject, top.partitionConfig(1).Subjects)
+	}
+	def := NATSTopology{}.WithDefaults().ingestConsumerConfig(0)
+	if def.AckWait != 60*time.Second || def.MaxAckPending != 10000 || def.FilterSubject != "wh.ingest.0.>" {
+		t.Errorf("default ingest consumer: ack wait %s, max ack pending %d, filter %q", def.AckWait, def.MaxAckPending, def.FilterSubject)
+	}
+}
+
+func TestNATSTopologyHistoryConfig_SourcesEveryPartitionByNameAndDiscardsOld(t *testing.T) {
+	top := NATSTopology{Prefix: "acme-wh", Partitions: 3, Replicas: 1, HistoryMaxAge: time.Hour, HistoryMaxBytes: 1 << 30}.WithDefaults()
+	got := top.historyConfig()
+	if got.Name != "ACME-WH_HISTORY" {
+		t.Errorf("Name %q, want ACME-WH_HISTORY", got.Name)
+	}
+	if len(got.Subjects) != 0 {
+		t.Errorf("the history has subjects of its own: %v", got.Subjects)
+	}
+	var names []string
+	for _, s := range got.Sources {
+		if s == nil {
+			t.Fatal("a nil source")
+		}
+		names = append(names, s.Name)
+		if s.FilterSubject != "" || len(s.SubjectTransforms) != 0 || s.OptStartSeq != 0 || s.OptStartTime != nil || s.External != nil {
+			t.Errorf("source %q narrows or moves what it copies: %+v", s.Name, *s)
+		}
+	}
+	if want := []string{"ACME-WH_INGEST_0", "ACME-WH_INGEST_1", "ACME-WH_INGEST_2"}; !slices.Equal(names, want) {
+		t.Errorf("sources %v, want %v", names, want)
+	}
+	if got.Retention != jetstream.LimitsPolicy || got.Discard != jetstream.DiscardOld {
+		t.Errorf("retention %v discard %v, want limits and discard old", got.Retention, got.Discard)
+	}
+	if got.MaxAge != time.Hour || got.MaxBytes != 1<<30 || got.MaxMsgs != -1 || got.MaxMsgSize != -1 {
+		t.Errorf("max age %s bytes %d msgs %d msg size %d", got.MaxAge, got.MaxBytes, got.MaxMsgs, got.MaxMsgSize)
+	}
+	if got.Storage != jetstream.FileStorage || got.Replicas != 1 {
+		t.Errorf("storage %v replicas %d", got.Storage, got.Replicas)
+	}
+	if got.DenyPurge || got.DenyDelete {
+		t.Errorf("the history denies purge or delete")
+	}
+
+	def := NATSTopology{}.WithDefaults().historyConfig()
+	if def.Name != "WH_HISTORY" || len(def.Sources) != 4 || def.MaxAge != 15*time.Minute || def.MaxBytes != 20<<30 || def.Replicas != 3 {
+		t.Errorf("default history: name %q, %d sources, max age %s, max bytes %d, replicas %d",
+			def.Name, len(def.Sources), def.MaxAge, def.MaxBytes, def.Replicas)
+	}
+}
+
+func TestNATSTopologyDeadLetterConfig_CapsEachTopicAndDiscardsOld(t *testing.T) {
+	top := NATSTopology{Prefix: "acme-wh", Replicas: 1, DeadLetterMaxBytes: 1 << 20, DeadLetterMaxMsgsPerSubject: 10}.WithDefaults()
+	got := top.deadLetterConfig()
+	want := jetstream.StreamConfig{
+		Name:              "ACME-WH_DLQ",
+		Subjects:          []string{"acme-wh.dlq.>"},
+		Retention:         jetstream.LimitsPolicy,
+		Discard:           jetstream.DiscardOld,
+		MaxBytes:          1 << 20,
+		MaxMsgsPerSubject: 10,
+		MaxMsgs:           -1,
+		MaxMsgSize:        -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          1,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("deadLetterConfig() =\n%+v\nwant\n%+v", got, want)
+	}
+	def := NATSTopology{}.WithDefaults().deadLetterConfig()
+	if def.Name != "WH_DLQ" || !slices.Equal(def.Subjects, []string{"wh.dlq.>"}) ||
+		def.MaxBytes != 5<<30 || def.MaxMsgsPerSubject != 100000 || def.Replicas != 3 {
+		t.Errorf("default dead-letter stream: %+v", def)
+	}
+	// Every dead-letter subject lies under the stream's subjects.
+	sub := top.subjects().deadLetter("acme.t.s")
+	if !strings.HasPrefix(sub, strings.TrimSuffix(got.Subjects[0], ">")) {
+		t.Errorf("dead-letter subject %q is outside %v", sub, got.Subjects)
+	}
+}
+
+func TestNATSTopologyPartitionConfig_MetadataNamesEveryPartitionOfN(t *testing.T) {
+	top := NATSTopology{Partitions: 12}.WithDefaults()
+	seen := make(map[string]bool)
+	for p := range 12 {
+		md := top.partitionConfig(p).Metadata
+		if md[metaPartitions] != "12" {
+			t.Errorf("partition %d: N metadata %q", p, md[metaPartitions])
+		}
+		seen[md[metaPartition]] = true
+	}
+	keys := slices.Sorted(maps.Keys(seen))
+	want := []string{"0", "1", "10", "11", "2", "3", "4", "5", "6", "7", "8", "9"}
+	if !slices.Equal(keys, want) {
+		t.Errorf("partition metadata %v, want %v", keys, want)
+	}
+}
