@@ -1,0 +1,265 @@
+package mq
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.yaml.in/yaml/v3"
+)
+
+// nackAPIVersion is the NACK (JetStream controller for Kubernetes) API the manifests
+// are written for.
+const nackAPIVersion = "jetstream.nats.io/v1beta2"
+
+// WriteNATSManifests writes the topology as one multi-document YAML stream of NACK
+// Stream and Consumer resources: for each partition its stream and durable, then the
+// history and the dead-letter stream. Every field the verifier checks is written out,
+// because NACK's defaults differ from JetStream's (memory storage, a 1 ns ack wait).
+func WriteNATSManifests(w io.Writer, topo NATSTopology) error {
+	topo = topo.WithDefaults()
+	if err := topo.Validate(); err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	buf.WriteString(manifestHeader(topo))
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	for p := range topo.Partitions {
+		cfg := topo.partitionConfig(p)
+		if err := enc.Encode(nackStreamResource(cfg)); err != nil {
+			return err
+		}
+		if err := enc.Encode(nackConsumerResource(cfg.Name, topo.ingestConsumerConfig(p))); err != nil {
+			return err
+		}
+	}
+	for _, cfg := range []jetstream.StreamConfig{topo.historyConfig(), topo.deadLetterConfig()} {
+		if err := enc.Encode(nackStreamResource(cfg)); err != nil {
+			return err
+		}
+	}
+	if err := enc.Close(); err != nil {
+		return err
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// ManifestsCommand is the command line that regenerates the manifests of topo.
+func ManifestsCommand(topo NATSTopology) string {
+	topo = topo.WithDefaults()
+	cmd := fmt.Sprintf("go run ./cmd/mqctl manifests -partitions %d -replicas %d", topo.Partitions, topo.Replicas)
+	if topo.Prefix != defaultPrefix {
+		cmd += " -prefix " + topo.Prefix
+	}
+	return cmd
+}
+
+func manifestHeader(topo NATSTopology) string {
+	lines := []string{
+		"NACK (jetstream.nats.io/v1beta2) resources for the mq NATS topology.",
+		fmt.Sprintf("%d ingest partitions %s_INGEST_0..%d, each with its durable %s; the history %s sourcing them; the dead-letter stream %s.",
+			topo.Partitions, strings.ToUpper(topo.Prefix), topo.Partitions-1, topo.IngestConsumer, topo.HistoryStream, topo.DeadLetterStream()),
+		"Generated; do not edit. Regenerate with:",
+		"  " + ManifestsCommand(topo),
+		"Sizes (maxBytes) are starting points: tune them to the volume each stream may reserve.",
+		"Set the history's maxAge to at least the longest SSE gap window served.",
+		"Apply order is free: mq publishes nothing until all of it exists. But a partition must never",
+		"take publishes without its durable: an interest stream stores a publish nowhere when no",
+		"consumer covers it.",
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString("# " + l + "\n")
+	}
+	return b.String()
+}
+
+type nackMeta struct {
+	Name string `yaml:"name"`
+}
+
+type nackResource[S any] struct {
+	APIVersion string   `yaml:"apiVersion"`
+	Kind       string   `yaml:"kind"`
+	Metadata   nackMeta `yaml:"metadata"`
+	Spec       S        `yaml:"spec"`
+}
+
+// nackStreamSpec holds the Stream fields the manifests write, named as in NACK's CRD.
+type nackStreamSpec struct {
+	Name              string            `yaml:"name"`
+	Subjects          []string          `yaml:"subjects,omitempty"`
+	Sources           []nackSource      `yaml:"sources,omitempty"`
+	Retention         string            `yaml:"retention"`
+	Discard           string            `yaml:"discard"`
+	DiscardPerSubject bool              `yaml:"discardPerSubject"`
+	MaxMsgsPerSubject int64             `yaml:"maxMsgsPerSubject"`
+	MaxMsgs           int64             `yaml:"maxMsgs"`
+	MaxBytes          int64             `yaml:"maxBytes"`
+	MaxAge            string            `yaml:"maxAge"`
+	MaxMsgSize        int32             `yaml:"maxMsgSize"`
+	Storage           string            `yaml:"storage"`
+	Replicas          int               `yaml:"replicas"`
+	DuplicateWindow   string            `yaml:"duplicateWindow,omitempty"`
+	NoAck             bool              `yaml:"noAck"`
+	Sealed            bool              `yaml:"sealed"`
+	DenyDelete        bool              `yaml:"denyDelete"`
+	DenyPurge         bool              `yaml:"denyPurge"`
+	Metadata          map[string]string `yaml:"metadata,omitempty"`
+	PreventDelete     bool              `yaml:"preventDelete"`
+}
+
+type nackSource struct {
+	Name          string `yaml:"name"`
+	FilterSubject string `yaml:"filterSubject,omitempty"`
+}
+
+// nackConsumerSpec holds the Consumer fields the manifests write.
+type nackConsumerSpec struct {
+	StreamName        string `yaml:"streamName"`
+	DurableName       string `yaml:"durableName"`
+	DeliverPolicy     string `yaml:"deliverPolicy"`
+	AckPolicy         string `yaml:"ackPolicy"`
+	AckWait           string `yaml:"ackWait"`
+	MaxDeliver        int    `yaml:"maxDeliver"`
+	MaxAckPending     int    `yaml:"maxAckPending"`
+	FilterSubject     string `yaml:"filterSubject"`
+	ReplayPolicy      string `yaml:"replayPolicy"`
+	HeadersOnly       bool   `yaml:"headersOnly"`
+	MaxRequestBatch   int    `yaml:"maxRequestBatch"`
+	InactiveThreshold string `yaml:"inactiveThreshold,omitempty"`
+	PriorityPolicy    string `yaml:"priorityPolicy,omitempty"`
+	PreventDelete     bool   `yaml:"preventDelete"`
+}
+
+// crName is a Kubernetes resource name for a stream name: lowercase, '_' as '-'.
+func crName(name string) string { return strings.ReplaceAll(strings.ToLower(name), "_", "-") }
+
+func nackStreamResource(cfg jetstream.StreamConfig) nackResource[nackStreamSpec] {
+	spec := nackStreamSpec{
+		Name:              cfg.Name,
+		Subjects:          cfg.Subjects,
+		Retention:         retentionName(cfg.Retention),
+		Discard:           discardName(cfg.Discard),
+		DiscardPerSubject: cfg.DiscardNewPerSubject,
+		MaxMsgsPerSubject: cfg.MaxMsgsPerSubject,
+		MaxMsgs:           cfg.MaxMsgs,
+		MaxBytes:          cfg.MaxBytes,
+		MaxAge:            formatDuration(cfg.MaxAge),
+		MaxMsgSize:        cfg.MaxMsgSize,
+		Storage:           storageName(cfg.Storage),
+		Replicas:          cfg.Replicas,
+		NoAck:             cfg.NoAck,
+		Sealed:            cfg.Sealed,
+		DenyDelete:        cfg.DenyDelete,
+		DenyPurge:         cfg.DenyPurge,
+		Metadata:          cfg.Metadata,
+		PreventDelete:     true,
+	}
+	if cfg.Duplicates > 0 {
+		spec.DuplicateWindow = formatDuration(cfg.Duplicates)
+	}
+	for _, s := range cfg.Sources {
+		spec.Sources = append(spec.Sources, nackSource{Name: s.Name, FilterSubject: s.FilterSubject})
+	}
+	return nackResource[nackStreamSpec]{APIVersion: nackAPIVersion, Kind: "Stream", Metadata: nackMeta{crName(cfg.Name)}, Spec: spec}
+}
+
+func nackConsumerResource(stream string, cfg jetstream.ConsumerConfig) nackResource[nackConsumerSpec] {
+	spec := nackConsumerSpec{
+		StreamName:      stream,
+		DurableName:     cfg.Durable,
+		DeliverPolicy:   deliverPolicyName(cfg.DeliverPolicy),
+		AckPolicy:       ackPolicyName(cfg.AckPolicy),
+		AckWait:         formatDuration(cfg.AckWait),
+		MaxDeliver:      cfg.MaxDeliver,
+		MaxAckPending:   cfg.MaxAckPending,
+		FilterSubject:   cfg.FilterSubject,
+		ReplayPolicy:    replayPolicyName(cfg.ReplayPolicy),
+		HeadersOnly:     cfg.HeadersOnly,
+		MaxRequestBatch: cfg.MaxRequestBatch,
+		PreventDelete:   true,
+	}
+	if cfg.InactiveThreshold > 0 {
+		spec.InactiveThreshold = formatDuration(cfg.InactiveThreshold)
+	}
+	return nackResource[nackConsumerSpec]{APIVersion: nackAPIVersion, Kind: "Consumer", Metadata: nackMeta{crName(stream)}, Spec: spec}
+}
+
+// The names below are the values of NACK's enums, which are JetStream's JSON names.
+
+func retentionName(r jetstream.RetentionPolicy) string {
+	switch r {
+	case jetstream.InterestPolicy:
+		return "interest"
+	case jetstream.WorkQueuePolicy:
+		return "workqueue"
+	}
+	return "limits"
+}
+
+func storageName(s jetstream.StorageType) string {
+	if s == jetstream.MemoryStorage {
+		return "memory"
+	}
+	return "file"
+}
+
+func ackPolicyName(a jetstream.AckPolicy) string {
+	switch a {
+	case jetstream.AckExplicitPolicy:
+		return "explicit"
+	case jetstream.AckAllPolicy:
+		return "all"
+	}
+	return "none"
+}
+
+func replayPolicyName(r jetstream.ReplayPolicy) string {
+	if r == jetstream.ReplayOriginalPolicy {
+		return "original"
+	}
+	return "instant"
+}
+
+func discardName(d jetstream.DiscardPolicy) string {
+	if d == jetstream.DiscardNew {
+		return "new"
+	}
+	return "old"
+}
+
+func deliverPolicyName(d jetstream.DeliverPolicy) string {
+	switch d {
+	case jetstream.DeliverLastPolicy:
+		return "last"
+	case jetstream.DeliverNewPolicy:
+		return "new"
+	case jetstream.DeliverLastPerSubjectPolicy:
+		return "lastPerSubject"
+	}
+	return "all"
+}
+
+// formatDuration writes d in its largest whole unit ("2h", "1m", "15m", "90s"),
+// falling back to Go's form.
+func formatDuration(d time.Duration) string {
+	for _, u := range []struct {
+		unit time.Duration
+		name string
+	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}} {
+		if d != 0 && d%u.unit == 0 {
+			return strconv.FormatInt(int64(d/u.unit), 10) + u.name
+		}
+	}
+	if d == 0 {
+		return "0s"
+	}
+	return d.String()
+}

@@ -1,0 +1,297 @@
+package mq
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+const shippedManifests = "deployments/nats/jetstream.yaml"
+
+// shippedTopology is what deployments/nats/jetstream.yaml is generated from.
+var shippedTopology = NATSTopology{Partitions: 4, Replicas: 3}
+
+func generate(t *testing.T, topo NATSTopology) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	require.NoError(t, WriteNATSManifests(&buf, topo))
+	return buf.Bytes()
+}
+
+// TestWriteNATSManifests_TheShippedFileIsTheGeneratorsOutput pins the shipped file.
+// Regenerate it with: go run ./cmd/mqctl manifests -partitions 4 -replicas 3 > deployments/nats/jetstream.yaml
+func TestWriteNATSManifests_TheShippedFileIsTheGeneratorsOutput(t *testing.T) {
+	shipped, err := os.ReadFile(shippedManifests)
+	require.NoError(t, err)
+	assert.Equal(t, string(generate(t, shippedTopology)), string(shipped),
+		"%s differs from the generator's output; regenerate it with %s", shippedManifests, ManifestsCommand(shippedTopology))
+}
+
+func TestWriteNATSManifests_HeaderNamesTheCommandThatRegeneratesIt(t *testing.T) {
+	out := string(generate(t, NATSTopology{Prefix: "acme-wh", Partitions: 3, Replicas: 1}))
+	assert.True(t, strings.HasPrefix(out, "# NACK (jetstream.nats.io/v1beta2) resources"))
+	assert.Contains(t, out, "#   go run ./cmd/mqctl manifests -partitions 3 -replicas 1 -prefix acme-wh\n")
+	assert.Contains(t, out, "maxAge")
+}
+
+func TestWriteNATSManifests_RefusesAnInvalidTopology(t *testing.T) {
+	require.Error(t, WriteNATSManifests(io.Discard, NATSTopology{Prefix: "A.B"}))
+	require.Error(t, WriteNATSManifests(io.Discard, NATSTopology{Partitions: -1}))
+}
+
+func TestFormatDuration_WritesTheLargestWholeUnit(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		2 * time.Hour: "2h", time.Minute: "1m", 15 * time.Minute: "15m", 90 * time.Second: "90s",
+		1500 * time.Millisecond: "1500ms", 0: "0s", time.Microsecond: "1µs",
+	} {
+		assert.Equal(t, want, formatDuration(d), d.String())
+	}
+}
+
+// manifestDoc is one decoded resource.
+type manifestDoc struct {
+	Kind string         `yaml:"kind"`
+	Spec map[string]any `yaml:"spec"`
+}
+
+func parseManifests(t *testing.T, data []byte) []manifestDoc {
+	t.Helper()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var docs []manifestDoc
+	for {
+		var d manifestDoc
+		err := dec.Decode(&d)
+		if errors.Is(err, io.EOF) {
+			return docs
+		}
+		require.NoError(t, err)
+		docs = append(docs, d)
+	}
+}
+
+// crdSpecFields reads the spec properties NACK's CRD accepts for kind, from the
+// upstream schema kept beside the repository for reading.
+func crdSpecFields(t *testing.T, kind string) map[string]any {
+	t.Helper()
+	path := filepath.Join("..", "shared", "design", "reference", "upstream", "nack-crds.yml")
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skipf("NACK's CRD schema is not beside the repository (%s)", path)
+	}
+	require.NoError(t, err)
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var crd struct {
+			Spec struct {
+				Names    struct{ Kind string } `yaml:"names"`
+				Versions []struct {
+					Name   string `yaml:"name"`
+					Schema struct {
+						OpenAPIV3Schema struct {
+							Properties struct {
+								Spec struct {
+									Properties map[string]any `yaml:"properties"`
+								} `yaml:"spec"`
+							} `yaml:"properties"`
+						} `yaml:"openAPIV3Schema"`
+					} `yaml:"schema"`
+				} `yaml:"versions"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&crd); errors.Is(err, io.EOF) {
+			break
+		} else {
+			require.NoError(t, err)
+		}
+		if crd.Spec.Names.Kind != kind {
+			continue
+		}
+		for _, v := range crd.Spec.Versions {
+			if v.Name == "v1beta2" {
+				return v.Schema.OpenAPIV3Schema.Properties.Spec.Properties
+			}
+		}
+	}
+	t.Fatalf("no v1beta2 %s in the CRD schema", kind)
+	return nil
+}
+
+// TestWriteNATSManifests_WritesOnlyFieldsNACKsSchemaAccepts: Kubernetes silently drops
+// a field the CRD does not know, so every field written must be in it.
+func TestWriteNATSManifests_WritesOnlyFieldsNACKsSchemaAccepts(t *testing.T) {
+	schemas := map[string]map[string]any{"Stream": crdSpecFields(t, "Stream"), "Consumer": crdSpecFields(t, "Consumer")}
+	kinds := map[string]int{}
+	for _, d := range parseManifests(t, generate(t, shippedTopology)) {
+		kinds[d.Kind]++
+		schema, ok := schemas[d.Kind]
+		require.True(t, ok, "kind %s", d.Kind)
+		checkFieldsIn(t, d.Kind, d.Spec, schema)
+	}
+	assert.Equal(t, map[string]int{"Stream": 6, "Consumer": 4}, kinds)
+}
+
+func checkFieldsIn(t *testing.T, path string, spec map[string]any, schema map[string]any) {
+	for field, value := range spec {
+		prop, ok := schema[field].(map[string]any)
+		if !assert.True(t, ok, "%s.%s is not in NACK's schema", path, field) {
+			continue
+		}
+		if enum, ok := prop["enum"].([]any); ok {
+			assert.Contains(t, enum, value, "%s.%s: %v is not one of NACK's values", path, field, value)
+		}
+		if items, ok := value.([]any); ok {
+			itemSchema, _ := prop["items"].(map[string]any)
+			props, _ := itemSchema["properties"].(map[string]any)
+			for _, item := range items {
+				if m, ok := item.(map[string]any); ok {
+					checkFieldsIn(t, path+"."+field, m, props)
+				}
+			}
+		}
+	}
+}
+
+// nackDefaults are the CRD defaults NACK applies to a field a manifest leaves out:
+// unlike JetStream's, storage is memory and an ack wait is 1ns.
+var nackDefaults = map[string]map[string]any{
+	"Stream": {"retention": "limits", "maxMsgs": -1, "maxBytes": -1, "discard": "old", "discardPerSubject": false,
+		"maxMsgsPerSubject": 0, "maxMsgSize": -1, "storage": "memory", "replicas": 1, "maxAge": ""},
+	"Consumer": {"deliverPolicy": "all", "ackPolicy": "none", "ackWait": "1ns", "replayPolicy": "instant"},
+}
+
+func withDefaults(kind string, spec map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range nackDefaults[kind] {
+		out[k] = v
+	}
+	for k, v := range spec {
+		out[k] = v
+	}
+	return out
+}
+
+func str(m map[string]any, k string) string { s, _ := m[k].(string); return s }
+func num(m map[string]any, k string) int64  { n, _ := m[k].(int); return int64(n) }
+func flag(m map[string]any, k string) bool  { b, _ := m[k].(bool); return b }
+func dur(t *testing.T, m map[string]any, k string) time.Duration {
+	s := str(m, k)
+	if s == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	require.NoError(t, err, k)
+	return d
+}
+
+// nackStream maps a Stream resource onto the JetStream configuration NACK would apply.
+func nackStream(t *testing.T, spec map[string]any) jetstream.StreamConfig {
+	s := withDefaults("Stream", spec)
+	cfg := jetstream.StreamConfig{
+		Name: str(s, "name"), MaxMsgs: num(s, "maxMsgs"), MaxBytes: num(s, "maxBytes"),
+		MaxMsgsPerSubject: num(s, "maxMsgsPerSubject"), MaxMsgSize: int32(num(s, "maxMsgSize")),
+		MaxAge: dur(t, s, "maxAge"), Duplicates: dur(t, s, "duplicateWindow"), Replicas: int(num(s, "replicas")),
+		NoAck: flag(s, "noAck"), Sealed: flag(s, "sealed"), DenyDelete: flag(s, "denyDelete"), DenyPurge: flag(s, "denyPurge"),
+		DiscardNewPerSubject: flag(s, "discardPerSubject"),
+	}
+	for _, v := range asList(s["subjects"]) {
+		cfg.Subjects = append(cfg.Subjects, v.(string))
+	}
+	for _, v := range asList(s["sources"]) {
+		m := v.(map[string]any)
+		cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: str(m, "name"), FilterSubject: str(m, "filterSubject")})
+	}
+	if md, ok := s["metadata"].(map[string]any); ok {
+		cfg.Metadata = map[string]string{}
+		for k, v := range md {
+			cfg.Metadata[k] = v.(string)
+		}
+	}
+	require.NoError(t, cfg.Retention.UnmarshalJSON([]byte(`"`+str(s, "retention")+`"`)))
+	require.NoError(t, cfg.Discard.UnmarshalJSON([]byte(`"`+str(s, "discard")+`"`)))
+	require.NoError(t, cfg.Storage.UnmarshalJSON([]byte(`"`+str(s, "storage")+`"`)))
+	return cfg
+}
+
+// nackConsumer maps a Consumer resource onto the JetStream configuration NACK would
+// apply, returning its stream.
+func nackConsumer(t *testing.T, spec map[string]any) (string, jetstream.ConsumerConfig) {
+	c := withDefaults("Consumer", spec)
+	cfg := jetstream.ConsumerConfig{
+		Durable: str(c, "durableName"), AckWait: dur(t, c, "ackWait"), MaxDeliver: int(num(c, "maxDeliver")),
+		MaxAckPending: int(num(c, "maxAckPending")), FilterSubject: str(c, "filterSubject"),
+		HeadersOnly: flag(c, "headersOnly"), MaxRequestBatch: int(num(c, "maxRequestBatch")),
+		InactiveThreshold: dur(t, c, "inactiveThreshold"),
+	}
+	policies := map[string]jetstream.DeliverPolicy{"all": jetstream.DeliverAllPolicy, "new": jetstream.DeliverNewPolicy, "last": jetstream.DeliverLastPolicy}
+	cfg.DeliverPolicy = policies[str(c, "deliverPolicy")]
+	require.NoError(t, cfg.AckPolicy.UnmarshalJSON([]byte(`"`+str(c, "ackPolicy")+`"`)))
+	require.NoError(t, cfg.ReplayPolicy.UnmarshalJSON([]byte(`"`+str(c, "replayPolicy")+`"`)))
+	return str(c, "streamName"), cfg
+}
+
+func asList(v any) []any { l, _ := v.([]any); return l }
+
+// shapeFromManifests turns manifests into the shape NACK would create, at one replica.
+func shapeFromManifests(t *testing.T, topo NATSTopology, data []byte) *shape {
+	topo = topo.WithDefaults()
+	s := &shape{topo: topo, consumers: map[string][]jetstream.ConsumerConfig{}}
+	for _, d := range parseManifests(t, data) {
+		switch d.Kind {
+		case "Stream":
+			cfg := nackStream(t, d.Spec)
+			cfg.Replicas = 1
+			s.streams = append(s.streams, cfg)
+		case "Consumer":
+			stream, cfg := nackConsumer(t, d.Spec)
+			s.consumers[stream] = append(s.consumers[stream], cfg)
+		default:
+			t.Fatalf("unexpected kind %s", d.Kind)
+		}
+	}
+	// Streams before the history that sources them, as NACK reconciles eventually.
+	slices.SortStableFunc(s.streams, func(a, b jetstream.StreamConfig) int {
+		return boolInt(len(a.Sources) > 0) - boolInt(len(b.Sources) > 0)
+	})
+	return s
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestNATSManifests_AppliedAsNACKWouldTheyVerify applies the shipped manifests, and
+// ones generated for another prefix and N, the way NACK maps them, and expects the
+// verifier to report nothing but the one-replica recommendation.
+func TestNATSManifests_AppliedAsNACKWouldTheyVerify(t *testing.T) {
+	shipped, err := os.ReadFile(shippedManifests)
+	require.NoError(t, err)
+	other := NATSTopology{Prefix: "acme-wh", Partitions: 3, Replicas: 1}
+	for name, tc := range map[string]struct {
+		topo NATSTopology
+		data []byte
+	}{"shipped": {shippedTopology, shipped}, "acme-wh N=3": {other, generate(t, other)}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := shapeFromManifests(t, tc.topo, tc.data)
+			findings := verifyShape(t, s)
+			assert.Empty(t, beyondBaseline(s.topo, findings))
+			for _, f := range findings {
+				assert.Equal(t, "num_replicas", f.Field)
+			}
+		})
+	}
+}
