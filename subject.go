@@ -32,7 +32,7 @@ func (t TenantID) Validate() error {
 		if isLowerAlnum(c) || (i > 0 && (c == '_' || c == '-')) {
 			continue
 		}
-		return fmt.Errorf("%w: %q: byte %q at index %d is not allowed", ErrInvalidTenant, string(t), c, i)
+		return fmt.Errorf("%w: %q: byte %#02x at index %d is not allowed", ErrInvalidTenant, string(t), c, i)
 	}
 	return nil
 }

@@ -1,0 +1,97 @@
+package mq
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// NATSPermissions are the subjects the restricted application user may publish to and
+// subscribe on: everything the brokers do (publish, pull and ack the ingest durable,
+// dead letters, the hub and replay consumers on the history, stream and consumer
+// info) and nothing that changes the topology.
+type NATSPermissions struct {
+	PublishAllow   []string
+	PublishDeny    []string
+	SubscribeAllow []string
+}
+
+// PermissionsFor returns the application user's permissions for topo (defaults
+// applied). Publishing to the ingest or dead-letter subjects is as good as being the
+// application: grant it to that user only.
+func PermissionsFor(topo NATSTopology) NATSPermissions {
+	topo = topo.WithDefaults()
+	s := topo.subjects()
+	h := topo.HistoryStream
+	return NATSPermissions{
+		PublishAllow: []string{
+			s.ingestAll(),
+			s.deadLetterAll(),
+			"$JS.API.INFO",
+			"$JS.API.STREAM.NAMES",
+			"$JS.API.STREAM.INFO.*",
+			"$JS.API.CONSUMER.INFO.*.*",
+			// Pulling the durable on any stream also drains partitions a lower N left.
+			"$JS.API.CONSUMER.MSG.NEXT.*." + topo.IngestConsumer,
+			"$JS.ACK.>",
+			// The hub's and replays' auto-expiring consumers on the history.
+			"$JS.API.CONSUMER.CREATE." + h + ".>",
+			"$JS.API.CONSUMER.MSG.NEXT." + h + ".>",
+			"$JS.API.CONSUMER.DELETE." + h + ".>",
+		},
+		PublishDeny: []string{
+			"$JS.API.STREAM.CREATE.>",
+			"$JS.API.STREAM.UPDATE.>",
+			"$JS.API.STREAM.DELETE.>",
+			"$JS.API.STREAM.PURGE.>",
+			"$JS.API.CONSUMER.DURABLE.CREATE.>",
+		},
+		SubscribeAllow: []string{inboxPrefix(topo) + ".>"},
+	}
+}
+
+// inboxPrefix is the application connection's reply-subject prefix, so its subscribe
+// permission can be narrowed to its own inbox.
+func inboxPrefix(topo NATSTopology) string { return "_INBOX_" + topo.WithDefaults().Prefix }
+
+type permissionsBlock struct {
+	Publish struct {
+		Allow []string `yaml:"allow"`
+		Deny  []string `yaml:"deny"`
+	} `yaml:"publish"`
+	Subscribe struct {
+		Allow []string `yaml:"allow"`
+	} `yaml:"subscribe"`
+}
+
+// WriteNATSPermissions writes the "permissions:" block of the application user's entry
+// in the NATS Helm chart's config.merge (accounts.<account>.users), with a comment
+// naming the topology it is for.
+func WriteNATSPermissions(w io.Writer, topo NATSTopology) error {
+	topo = topo.WithDefaults()
+	if err := topo.Validate(); err != nil {
+		return err
+	}
+	p := PermissionsFor(topo)
+	var block struct {
+		Permissions permissionsBlock `yaml:"permissions"`
+	}
+	block.Permissions.Publish.Allow = p.PublishAllow
+	block.Permissions.Publish.Deny = p.PublishDeny
+	block.Permissions.Subscribe.Allow = p.SubscribeAllow
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Permissions of the restricted mq application user (prefix %s, history %s, durable %s).\n",
+		topo.Prefix, topo.HistoryStream, topo.IngestConsumer)
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(block); err != nil {
+		return err
+	}
+	if err := enc.Close(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,159 @@
+package mq
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+// refusedWait bounds a request the server refuses: a refused publish is never
+// answered, so the request just times out.
+const refusedWait = 500 * time.Millisecond
+
+func TestShippedValues_TheApplicationUsersPermissionsAreTheLibrarys(t *testing.T) {
+	v := loadValues(t)
+	users := v.Config.Merge["accounts"].(map[string]any)["WAVEHOUSE"].(map[string]any)["users"].([]any)
+	var got *permissionsBlock
+	for _, u := range users {
+		m := u.(map[string]any)
+		assert.Regexp(t, helmVariable, m["password"], "user %v: passwords come from the Secret, never inline", m["user"])
+		if m["user"] == appUser {
+			raw, err := yaml.Marshal(m["permissions"])
+			require.NoError(t, err)
+			got = &permissionsBlock{}
+			require.NoError(t, yaml.Unmarshal(raw, got))
+		} else {
+			assert.Nil(t, m["permissions"], "the operator user is unrestricted")
+		}
+	}
+	require.NotNil(t, got, "no %s user in %s", appUser, shippedValues)
+	want := PermissionsFor(NATSTopology{})
+	assert.Equal(t, want.PublishAllow, got.Publish.Allow)
+	assert.Equal(t, want.PublishDeny, got.Publish.Deny)
+	assert.Equal(t, want.SubscribeAllow, got.Subscribe.Allow)
+}
+
+func TestWriteNATSPermissions_PrintsTheBlockForAHelmUserEntry(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, WriteNATSPermissions(&buf, NATSTopology{Prefix: "acme-wh"}))
+	out := buf.String()
+	assert.Contains(t, out, "# Permissions of the restricted mq application user (prefix acme-wh, history ACME-WH_HISTORY")
+	var block struct {
+		Permissions permissionsBlock `yaml:"permissions"`
+	}
+	require.NoError(t, yaml.Unmarshal(buf.Bytes(), &block))
+	assert.Contains(t, block.Permissions.Publish.Allow, "acme-wh.ingest.>")
+	assert.Equal(t, []string{"_INBOX_acme-wh.>"}, block.Permissions.Subscribe.Allow)
+	require.Error(t, WriteNATSPermissions(&buf, NATSTopology{Prefix: "A B"}))
+}
+
+// appCore is the brokers' shared data path connected as the restricted user.
+func appCore(t *testing.T, f *natsFixture) *natsCore {
+	nc := f.connect(t, appUser)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog)
+}
+
+// TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull and
+// ack, a dead letter and its count, a replay and the hub as the restricted user.
+func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
+	t.Parallel()
+	f := newValuesFixture(t)
+	f.applyShipped(t)
+	c := appCore(t, f)
+	ctx := testCtx(t)
+
+	hub := make(chan *Message, 4)
+	require.NoError(t, c.subscribe(ctx, func(m *Message) error { hub <- m; return nil }))
+
+	topic := Topic{Tenant: "acme", Table: "t", Scope: "s"}
+	subject, p, err := c.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	ev, err := c.prepare(ctx, subject, c.topo.PartitionStream(p), nil, []byte("one"), nil)
+	require.NoError(t, err)
+	_, err = c.send(ctx, ev)
+	require.NoError(t, err, "publish")
+
+	got := make(chan *Message, 4)
+	w := &worker{core: c, ctx: ctx, durable: c.topo.IngestConsumer}
+	stop, failed, err := w.Consume(func(m *Message) error { got <- m; return nil }, 0)
+	require.NoError(t, err, "pull from the durable")
+	defer stop()
+	var m *Message
+	select {
+	case m = <-got:
+	case err := <-failed:
+		t.Fatalf("delivery ended: %v", err)
+	case <-ctx.Done():
+		t.Fatal("no delivery")
+	}
+	require.NoError(t, c.deadLetter(ctx, m, []PublishOpt{WithHeader("X-Error", "poison")}), "dead letter")
+	require.NoError(t, m.DoubleAck(ctx), "ack")
+	counts, err := c.deadLetterCounts(ctx, "acme", "")
+	require.NoError(t, err, "dead-letter counts")
+	assert.Equal(t, DeadLetterCounts{Tables: map[string]uint64{"t": 1}, Total: 1}, counts)
+
+	select {
+	case hm := <-hub:
+		assert.Equal(t, "one", string(hm.Data))
+	case <-ctx.Done():
+		t.Fatal("the hub saw nothing")
+	}
+	var replayed []string
+	require.NoError(t, c.replay(ctx, subject, time.Time{}, func(m *Message) bool {
+		replayed = append(replayed, string(m.Data))
+		return true
+	}), "replay")
+	assert.Equal(t, []string{"one"}, replayed)
+}
+
+// TestNATSPermissions_RefuseEveryTopologyChange: the restricted user can create,
+// change, purge or delete no stream, make no durable on a partition and delete no
+// durable. Each refused request goes unanswered, and the operator sees nothing changed.
+func TestNATSPermissions_RefuseEveryTopologyChange(t *testing.T) {
+	t.Parallel()
+	f := newValuesFixture(t)
+	f.applyShipped(t)
+	c := appCore(t, f)
+	bounded := func() context.Context {
+		ctx, cancel := context.WithTimeout(t.Context(), refusedWait)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	_, err := c.js.CreateStream(bounded(), jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"}})
+	assert.Error(t, err, "stream create")
+	part := c.topo.partitionConfig(0)
+	part.Replicas, part.MaxBytes = 1, 1024
+	_, err = c.js.UpdateStream(bounded(), part)
+	assert.Error(t, err, "stream update")
+	hist, err := c.js.Stream(t.Context(), c.topo.HistoryStream)
+	require.NoError(t, err, "stream info is allowed")
+	assert.Error(t, hist.Purge(bounded()), "stream purge")
+	assert.Error(t, c.js.DeleteStream(bounded(), c.topo.DeadLetterStream()), "stream delete")
+	_, err = c.js.CreateConsumer(bounded(), c.topo.PartitionStream(0), jetstream.ConsumerConfig{Durable: "evil", AckPolicy: jetstream.AckExplicitPolicy})
+	assert.Error(t, err, "a durable on a partition")
+	assert.Error(t, c.js.DeleteConsumer(bounded(), c.topo.PartitionStream(1), c.topo.IngestConsumer), "delete the ingest durable")
+
+	ctx := testCtx(t)
+	_, err = f.admin.Stream(ctx, "EVIL")
+	assert.ErrorIs(t, err, jetstream.ErrStreamNotFound)
+	s, err := f.admin.Stream(ctx, c.topo.PartitionStream(0))
+	require.NoError(t, err)
+	assert.Equal(t, c.topo.PartitionMaxBytes, s.CachedInfo().Config.MaxBytes)
+	_, err = f.admin.Stream(ctx, c.topo.DeadLetterStream())
+	assert.NoError(t, err)
+	_, err = f.admin.Consumer(ctx, c.topo.PartitionStream(0), "evil")
+	assert.ErrorIs(t, err, jetstream.ErrConsumerNotFound)
+	_, err = f.admin.Consumer(ctx, c.topo.PartitionStream(1), c.topo.IngestConsumer)
+	assert.NoError(t, err)
+	findings, err := VerifyNATSTopology(ctx, c.js, c.topo)
+	require.NoError(t, err, "the restricted user can run the verifier")
+	assert.False(t, hasRequired(findings), "%v", findings)
+}
