@@ -32,9 +32,18 @@ func (t TenantID) Validate() error {
 		if isLowerAlnum(c) || (i > 0 && (c == '_' || c == '-')) {
 			continue
 		}
-		return fmt.Errorf("%w: %q: byte %#02x at index %d is not allowed", ErrInvalidTenant, string(t), c, i)
+		return fmt.Errorf("%w: %q: byte %s at index %d is not allowed", ErrInvalidTenant, string(t), quoteByte(c), i)
 	}
 	return nil
+}
+
+// quoteByte shows a printable ASCII byte quoted and any other byte in hex, so a byte of
+// a UTF-8 sequence is not shown as a Latin-1 character.
+func quoteByte(c byte) string {
+	if c >= 0x20 && c < 0x7f {
+		return strconv.QuoteRune(rune(c))
+	}
+	return fmt.Sprintf("%#02x", c)
 }
 
 func isLowerAlnum(c byte) bool { return ('a' <= c && c <= 'z') || ('0' <= c && c <= '9') }

@@ -124,8 +124,8 @@ func TestTenantIDValidate_RefusesOutsideTheGrammarNamingTheOffendingByte(t *test
 		{"a b", "' ' at index 1"},
 		{"a/b", "'/' at index 1"},
 		{"a%b", "'%' at index 1"},
-		{"a\x00", `'\x00' at index 1`},
-		{"é", "at index 0"},
+		{"a\x00", "0x00 at index 1"},
+		{"é", "0xc3 at index 0"},
 		{TenantID(strings.Repeat("a", 65)), "65 bytes"},
 	}
 	for _, c := range cases {
