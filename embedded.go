@@ -380,7 +380,7 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}
-	ev, err := e.core.prepare(ctx, subject, e.topo.PartitionStream(p), nil, data, opts)
+	ev, err := e.core.prepare(ctx, subject, e.core.partitions[p], nil, data, opts)
 	if err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}

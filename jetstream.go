@@ -27,9 +27,17 @@ type natsCore struct {
 	js   jetstream.JetStream
 	log  *slog.Logger
 
+	// partitions[p] and deadLetters name the streams found for partition p and for
+	// dead letters: the topology's names in EmbeddedNATS, the operator's in ExternalNATS.
+	partitions  []string
+	deadLetters string
+
 	// settler wraps each message the worker receives, so a broker can observe its
 	// settlement (EmbeddedNATS releases the tenant's budget on ack).
 	settler func(m jetstream.Msg) Settler
+	// lostTopology is told when a publish finds its stream gone or its subject held
+	// by another stream.
+	lostTopology func(stream string, err error)
 
 	closed   atomic.Bool
 	mu       sync.Mutex
@@ -52,11 +60,17 @@ const (
 )
 
 func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) *natsCore {
-	return &natsCore{
+	c := &natsCore{
 		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log,
-		settler:  func(m jetstream.Msg) Settler { return m },
-		stoppers: make(map[int]func()),
+		deadLetters:  topo.DeadLetterStream(),
+		settler:      func(m jetstream.Msg) Settler { return m },
+		lostTopology: func(string, error) {},
+		stoppers:     make(map[int]func()),
 	}
+	for p := range topo.Partitions {
+		c.partitions = append(c.partitions, topo.PartitionStream(p))
+	}
+	return c
 }
 
 // track registers stop to run at Close. It reports false once the broker is closing.
@@ -233,7 +247,11 @@ func (c *natsCore) mapPublishError(ev outgoing, err error) error {
 		strings.Contains(text, errTextMaxMsgs):
 		return fmt.Errorf("%w: stream %s refused %s: %w", ErrQueueFull, ev.stream, ev.subject, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStreamNotMatchCode:
+		c.lostTopology(ev.stream, err)
 		return fmt.Errorf("%w: %s is not stored by stream %s: %w", ErrUnavailable, ev.subject, ev.stream, err)
+	case errors.Is(err, jetstream.ErrNoStreamResponse) && c.nc.IsConnected() && c.streamMissing(ev.stream):
+		c.lostTopology(ev.stream, err)
+		return fmt.Errorf("%w: publish %s: stream %s does not exist: %w", ErrUnavailable, ev.subject, ev.stream, err)
 	case noAnswer(err), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining),
 		errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrDisconnected),
 		errors.Is(err, jetstream.ErrStreamNotFound):
@@ -243,6 +261,14 @@ func (c *natsCore) mapPublishError(ev outgoing, err error) error {
 		return fmt.Errorf("%w: publish %s to stream %s: %w", ErrUnavailable, ev.subject, ev.stream, err)
 	}
 	return fmt.Errorf("publish %s to stream %s: %w", ev.subject, ev.stream, err)
+}
+
+// streamMissing tells a deleted stream from a slow one, bounded by PublishTimeout.
+func (c *natsCore) streamMissing(name string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
+	defer cancel()
+	_, err := c.js.Stream(ctx, name)
+	return errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -444,7 +470,7 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 			base[k] = v
 		}
 	}
-	ev, err := c.prepare(ctx, c.subs.deadLetter(msg.key), c.topo.DeadLetterStream(), base, msg.Data, opts)
+	ev, err := c.prepare(ctx, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
 	if err != nil {
 		return err
 	}
@@ -461,13 +487,13 @@ func (c *natsCore) deadLetterCounts(ctx context.Context, tenant TenantID, table 
 	if err := tenant.Validate(); err != nil {
 		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: %w", err)
 	}
-	stream, err := c.js.Stream(ctx, c.topo.DeadLetterStream())
+	stream, err := c.js.Stream(ctx, c.deadLetters)
 	if err != nil {
-		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.topo.DeadLetterStream(), err)
+		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.deadLetters, err)
 	}
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(c.subs.tenantDeadLetters(tenant)))
 	if err != nil {
-		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.topo.DeadLetterStream(), err)
+		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.deadLetters, err)
 	}
 	counts := DeadLetterCounts{Tables: deadLetterTables(info.State.Subjects, c.subs, table)}
 	for _, n := range info.State.Subjects {
@@ -498,10 +524,9 @@ func (w *worker) Consume(handler Handler, prefetch int) (func(), <-chan error, e
 	if prefetch == 0 {
 		prefetch = c.topo.Prefetch
 	}
-	share := max(1, prefetch/c.topo.Partitions)
+	share := max(1, prefetch/len(c.partitions))
 	d := &delivery{failed: make(chan error, 1)}
-	for p := range c.topo.Partitions {
-		stream := c.topo.PartitionStream(p)
+	for _, stream := range c.partitions {
 		if err := d.start(c, w.ctx, stream, w.durable, handler, share); err != nil {
 			d.stop()
 			return nil, nil, err

@@ -1,0 +1,469 @@
+//go:build integration
+
+package mq
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// consumeAll runs the worker on b, acking every event, and returns what arrives.
+func consumeAll(t *testing.T, b Broker) (<-chan *Message, <-chan error) {
+	t.Helper()
+	ctx := testCtx(t)
+	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	got := make(chan *Message, 256)
+	stop, failed, err := c.Consume(func(m *Message) error {
+		if err := m.DoubleAck(ctx); err != nil {
+			return err
+		}
+		got <- m
+		return nil
+	}, 16)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	return got, failed
+}
+
+func receive(t *testing.T, got <-chan *Message, failed <-chan error) *Message {
+	t.Helper()
+	select {
+	case m := <-got:
+		return m
+	case err := <-failed:
+		t.Fatalf("delivery ended: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing delivered")
+	}
+	return nil
+}
+
+func TestExternalNATS_PublishesConsumesAndNeverCreatesADurable(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	ctx := testCtx(t)
+	topic := Topic{Tenant: "acme", Table: "t"}
+	require.NoError(t, e.Publish(ctx, topic, []byte("one")))
+	got, failed := consumeAll(t, e)
+	assert.Equal(t, "one", string(receive(t, got, failed).Data))
+
+	_, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: "other"})
+	require.ErrorIs(t, err, ErrConsumerNotFound)
+	_, err = e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable, AckWait: time.Hour})
+	require.ErrorContains(t, err, "ack wait", "a durable whose ack wait is shorter than asked is refused")
+
+	f.deleteIngestDurables(t, e.topo)
+	_, err = e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.ErrorIs(t, err, ErrConsumerNotFound)
+	_, err = f.admin.Consumer(ctx, e.topo.PartitionStream(0), e.topo.IngestConsumer)
+	require.ErrorIs(t, err, jetstream.ErrConsumerNotFound, "the broker did not create the durable")
+}
+
+func TestExternalNATS_ReconnectsAndResumesWithoutReportingFailed(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t, func(c *NATSConfig) { c.PublishTimeout = 300 * time.Millisecond })
+	ctx := testCtx(t)
+	topic := Topic{Tenant: "acme", Table: "t"}
+	got, failed := consumeAll(t, e)
+	require.NoError(t, e.Publish(ctx, topic, []byte("before")))
+	assert.Equal(t, "before", string(receive(t, got, failed).Data))
+
+	f.stop(t)
+	err := e.Publish(ctx, topic, []byte("down"))
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrQueueFull)
+
+	f.restart(t)
+	require.Eventually(t, func() bool { return e.Publish(ctx, topic, []byte("after")) == nil }, 15*time.Second, 100*time.Millisecond)
+	for {
+		m := receive(t, got, failed)
+		if string(m.Data) == "after" {
+			break
+		}
+		assert.Equal(t, "down", string(m.Data), "a timed-out publish may have been stored")
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("a reconnect reported failed: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// lossyJS loses the answers to the first `lose` publishes, after they were stored.
+type lossyJS struct {
+	jetstream.JetStream
+	mu   sync.Mutex
+	lose int
+	ids  []string
+}
+
+func (l *lossyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := l.JetStream.PublishMsg(ctx, msg, opts...)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ids = append(l.ids, msg.Header.Get(HeaderIdempotencyKey))
+	if err == nil && l.lose > 0 {
+		l.lose--
+		return nil, context.DeadlineExceeded
+	}
+	return ack, err
+}
+
+func TestExternalNATS_ALostAnswerIsRetriedWithTheSameIDAndStoredOnce(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t, func(c *NATSConfig) { c.PublishTimeout = time.Second })
+	ctx := testCtx(t)
+	lossy := &lossyJS{JetStream: e.js, lose: 2}
+	e.core.js = lossy
+	topic := Topic{Tenant: "acme", Table: "t"}
+	stream := e.core.partitions[Partition("acme", e.topo.Partitions)]
+	require.NoError(t, e.Publish(ctx, topic, []byte("x")))
+	require.Len(t, lossy.ids, 3, "three attempts")
+	assert.Equal(t, lossy.ids[0], lossy.ids[1])
+	assert.Equal(t, lossy.ids[0], lossy.ids[2])
+	assert.Equal(t, uint64(1), f.streamMsgs(t, stream), "stored once")
+
+	require.NoError(t, e.Publish(ctx, topic, []byte("y")))
+	assert.NotEqual(t, lossy.ids[0], lossy.ids[3], "a new publish gets a new id")
+
+	lossy.lose = 3
+	err := e.Publish(ctx, topic, []byte("z"))
+	require.ErrorIs(t, err, ErrUnavailable, "every answer lost")
+}
+
+func TestExternalNATS_ATopicAtItsPerSubjectCapIsFullAndOnlyThatTopic(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	ctx := testCtx(t)
+	stream := e.core.partitions[Partition("acme", e.topo.Partitions)]
+	s, err := f.admin.Stream(ctx, stream)
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgsPerSubject = 2
+	_, err = f.admin.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	full := Topic{Tenant: "acme", Table: "full"}
+	require.NoError(t, e.Publish(ctx, full, []byte("1")))
+	require.NoError(t, e.Publish(ctx, full, []byte("2")))
+	require.ErrorIs(t, e.Publish(ctx, full, []byte("3")), ErrQueueFull)
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "other"}, []byte("1")), "another topic of the partition")
+}
+
+func TestExternalNATS_ADeletedPartitionIsUnavailableAndNotRecreated(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	reader := sdkmetric.NewManualReader()
+	e := f.broker(t, func(c *NATSConfig) { c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)) })
+	ctx := testCtx(t)
+	stream := e.core.partitions[Partition("acme", e.topo.Partitions)]
+	require.NoError(t, f.admin.DeleteStream(ctx, stream))
+	err := e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("x"))
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), stream)
+	assert.Equal(t, int64(0), gauges(t, reader)["wavehouse_mq_topology_ok"], "the gauge drops at once")
+	_, err = f.admin.Stream(ctx, stream)
+	require.ErrorIs(t, err, jetstream.ErrStreamNotFound)
+}
+
+func TestNewNATS_RefusesATopologyMissingItsDeadLetterStream(t *testing.T) {
+	t.Parallel()
+	f := newValuesFixture(t)
+	s := shapeOf(NATSTopology{})
+	s.drop("WH_DLQ")
+	f.apply(t, s)
+	ef := &externalFixture{natsFixture: f, shape: s}
+	cfg := ef.config(t)
+	cfg.TopologyWait = 500 * time.Millisecond
+	_, err := NewNATS(t.Context(), cfg)
+	require.ErrorIs(t, err, ErrTopology)
+	var te *TopologyError
+	require.ErrorAs(t, err, &te)
+	assert.Contains(t, err.Error(), "dead-letter stream")
+}
+
+func TestNewNATS_RefusesADuplicateWindowThatMissesARetry(t *testing.T) {
+	t.Parallel()
+	f := newValuesFixture(t)
+	s := shapeOf(NATSTopology{})
+	for p := range s.topo.Partitions {
+		s.stream(t, s.topo.PartitionStream(p)).Duplicates = 2 * s.topo.PublishTimeout
+	}
+	f.apply(t, s)
+	cfg := (&externalFixture{natsFixture: f}).config(t)
+	cfg.TopologyWait = 500 * time.Millisecond
+	_, err := NewNATS(t.Context(), cfg)
+	var te *TopologyError
+	require.ErrorAs(t, err, &te)
+	windows := 0
+	for _, fd := range te.Findings {
+		if fd.Field == "duplicate_window" {
+			windows++
+		}
+	}
+	assert.Equal(t, 4, windows, "every partition's window is flagged")
+}
+
+func TestNewNATS_AnUnreachableServerIsUnavailableWithinTheWait(t *testing.T) {
+	t.Parallel()
+	f := newNATSFixture(t)
+	url := f.srv.ClientURL()
+	f.srv.Shutdown()
+	f.srv.WaitForShutdown()
+	start := time.Now()
+	_, err := NewNATS(t.Context(), NATSConfig{URLs: []string{url}, TopologyWait: 500 * time.Millisecond, Logger: quietLog})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), url)
+	assert.Less(t, time.Since(start), 30*time.Second, "bounded by the wait (generous on a loaded machine)")
+}
+
+func TestNewNATS_RefusesConflictingOptionsBeforeDialing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	require.NoError(t, os.WriteFile(file, []byte("x"), 0o600))
+	url := []string{"nats://127.0.0.1:1"}
+	cases := map[string]NATSConfig{
+		"no URLs":              {},
+		"an empty URL":         {URLs: []string{" "}},
+		"inline credentials":   {URLs: []string{"nats://wavehouse:s3cret@127.0.0.1:1"}},
+		"two auth methods":     {URLs: url, User: "u", PasswordFile: file, CredsFile: file},
+		"a user, no password":  {URLs: url, User: "u"},
+		"a password, no user":  {URLs: url, PasswordFile: file},
+		"half a key pair":      {URLs: url, TLS: NATSTLS{CertFile: file}},
+		"a bad prefix":         {URLs: url, NATSTopology: NATSTopology{Prefix: "a.b"}},
+		"a missing secret":     {URLs: url, User: "u", PasswordFile: filepath.Join(dir, "missing")},
+		"a missing nkey seed":  {URLs: url, NKeySeedFile: filepath.Join(dir, "missing")},
+		"a negative wait":      {URLs: url, TopologyWait: -time.Second},
+		"an unreadable CA":     {URLs: url, TLS: NATSTLS{CAFile: filepath.Join(dir, "missing")}},
+		"zero partitions left": {URLs: url, NATSTopology: NATSTopology{Partitions: -1}},
+	}
+	for name, cfg := range cases {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			_, err := NewNATS(t.Context(), cfg)
+			require.Error(t, err)
+			assert.NotErrorIs(t, err, ErrUnavailable, "refused before any dial")
+			assert.NotContains(t, err.Error(), "s3cret", "a password never appears in an error")
+			assert.Less(t, time.Since(start), 5*time.Second)
+		})
+	}
+}
+
+func TestExternalNATS_RecheckNoticesBreakageAndRepair(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	reader := sdkmetric.NewManualReader()
+	e := f.broker(t, func(c *NATSConfig) {
+		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		c.recheckEvery, c.pollEvery = 50*time.Millisecond, 50*time.Millisecond
+	})
+	ctx := testCtx(t)
+	ok := func() int64 { return gauges(t, reader)["wavehouse_mq_topology_ok"] }
+	require.Equal(t, int64(1), ok())
+	dlq := *f.shape.stream(t, "WH_DLQ")
+	require.NoError(t, f.admin.DeleteStream(ctx, dlq.Name))
+	require.Eventually(t, func() bool { return ok() == 0 }, 10*time.Second, 20*time.Millisecond, "a deleted DLQ drops topology_ok")
+	_, err := f.admin.CreateStream(ctx, dlq)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return ok() == 1 }, 10*time.Second, 20*time.Millisecond, "recreating it restores topology_ok")
+
+	f.stop(t)
+	f.restart(t)
+	require.Eventually(t, e.nc.IsConnected, 15*time.Second, 20*time.Millisecond)
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		require.Equal(t, int64(1), ok(), "a restart, sources re-attaching included, is not a topology fault")
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// gauges collects every int64 gauge without attributes, by name.
+func gauges(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if g, ok := m.Data.(metricdata.Gauge[int64]); ok {
+				for _, dp := range g.DataPoints {
+					if dp.Attributes.Len() == 0 {
+						out[m.Name] = dp.Value
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func TestExternalNATS_GaugesReportTheConnectionTopologyAndEachSource(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	reader := sdkmetric.NewManualReader()
+	f.broker(t, func(c *NATSConfig) { c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)) })
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	lags, actives := map[string]int64{}, map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, dp := range d.DataPoints {
+					if v, ok := dp.Attributes.Value(attribute.Key("source")); ok {
+						lags[v.AsString()] = dp.Value
+					}
+				}
+			case metricdata.Gauge[float64]:
+				for _, dp := range d.DataPoints {
+					v, _ := dp.Attributes.Value(attribute.Key("source"))
+					actives[v.AsString()] = dp.Value
+				}
+			}
+		}
+	}
+	g := gauges(t, reader)
+	assert.Equal(t, int64(1), g["wavehouse_mq_connected"])
+	assert.Equal(t, int64(1), g["wavehouse_mq_topology_ok"])
+	assert.Len(t, lags, 4)
+	assert.Len(t, actives, 4)
+	for name, lag := range lags {
+		assert.Zero(t, lag, name)
+		assert.GreaterOrEqual(t, actives[name], 0.0, name)
+	}
+	assert.Equal(t, -1.0, activeSeconds(-time.Nanosecond), "the server's -1ns before the first attach is exactly -1")
+}
+
+func TestExternalNATS_PurgeAckedRemovesNothingAndWarnsOncePerTenant(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	var logs syncBuffer
+	e := f.broker(t, func(c *NATSConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	ctx := testCtx(t)
+	long := map[TenantID]time.Time{"acme": time.Now().Add(-time.Hour), "globex": time.Now().Add(-time.Minute)}
+	for range 2 {
+		purged, err := e.PurgeAcked(ctx, WorkerDurable, long)
+		require.NoError(t, err)
+		assert.False(t, purged)
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "tenant=acme"), "warned once for the tenant whose window exceeds the history")
+	assert.NotContains(t, logs.String(), "tenant=globex")
+	_, err := e.PurgeAcked(ctx, "no-such-consumer", nil)
+	require.ErrorIs(t, err, ErrConsumerNotFound)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestExternalNATS_ReplayToASlowClientArrivesWholeAndDoesNotChaseTheTail(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	topic := Topic{Tenant: "acme", Table: "slow"}
+	const n = replayBatch + 44
+	for range n {
+		require.NoError(t, e.Publish(ctx, topic, []byte("old")))
+	}
+	require.Eventually(t, func() bool {
+		c := 0
+		_ = e.ReplaySince(ctx, topic, time.Time{}, func(*Message) bool { c++; return true })
+		return c == n
+	}, 10*time.Second, 20*time.Millisecond)
+	sent := 0
+	err := e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
+		if sent == 0 {
+			require.NoError(t, e.Publish(ctx, topic, []byte("new")))
+		}
+		sent++
+		assert.Equal(t, "old", string(m.Data))
+		time.Sleep(25 * time.Millisecond)
+		return true
+	})
+	require.NoError(t, err)
+	assert.Equal(t, n, sent)
+}
+
+func TestExternalNATS_CloseLogsNoWarningButALostServerDoes(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	var logs syncBuffer
+	e := f.broker(t, func(c *NATSConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	_, failed := consumeAll(t, e)
+	require.NoError(t, e.Subscribe(testCtx(t), "hub", func(*Message) error { return nil }))
+	booted := len(logs.String()) // boot logs the one-replica recommendations
+	require.NoError(t, e.Close())
+	require.NoError(t, e.Close(), "Close is idempotent")
+	closing := logs.String()[booted:]
+	assert.NotContains(t, closing, "level=WARN")
+	assert.NotContains(t, closing, "level=ERROR")
+	select {
+	case err := <-failed:
+		t.Fatalf("Close reported failed: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.ErrorIs(t, e.Publish(t.Context(), Topic{Tenant: "acme", Table: "t"}, nil), ErrClosed)
+
+	var lost syncBuffer
+	f.broker(t, func(c *NATSConfig) { c.Logger = slog.New(slog.NewTextHandler(&lost, nil)) })
+	f.stop(t)
+	require.Eventually(t, func() bool { return strings.Contains(lost.String(), "level=WARN") }, 10*time.Second, 20*time.Millisecond)
+}
+
+func TestExternalNATS_SetMaxBytesRecordsAndLogsOnce(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	var logs syncBuffer
+	e := f.broker(t, func(c *NATSConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1))
+	require.NoError(t, e.SetMaxBytes(ctx, "globex", 2))
+	assert.Equal(t, int64(1), e.MaxBytes("acme"))
+	assert.Equal(t, 1, strings.Count(logs.String(), "not enforced"))
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, make([]byte, 100)), "budgets are not enforced")
+	require.ErrorIs(t, e.SetMaxBytes(ctx, "A", 1), ErrInvalidTenant)
+	st, err := e.Stats()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), st.Connections)
+}
+
+func TestRedactURL_HidesPasswords(t *testing.T) {
+	assert.Equal(t, "nats://u:xxxxx@h:4222", redactURL("nats://u:pw@h:4222"))
+	assert.Equal(t, "nats://h:4222", redactURL("nats://h:4222"))
+	assert.NotContains(t, redactURL("u:pw@h:4222"), "pw")
+}
+
