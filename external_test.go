@@ -466,4 +466,3 @@ func TestRedactURL_HidesPasswords(t *testing.T) {
 	assert.Equal(t, "nats://h:4222", redactURL("nats://h:4222"))
 	assert.NotContains(t, redactURL("u:pw@h:4222"), "pw")
 }
-
