@@ -1,0 +1,194 @@
+//go:build integration
+
+package mq
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// authServer starts a server from opts, applies the shipped shape through an operator
+// connection made with adminOpts, and returns its URL.
+func authServer(t *testing.T, opts *server.Options, adminOpts ...nats.Option) string {
+	t.Helper()
+	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
+	opts.JetStream, opts.StoreDir, opts.JetStreamMaxStore = true, filepath.Join(t.TempDir(), "js"), maxStore
+	f := &natsFixture{opts: opts}
+	srv, err := server.NewServer(opts)
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	f.srv = srv
+	nc, err := nats.Connect(srv.ClientURL(), adminOpts...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	f.admin, err = jetstream.New(nc)
+	require.NoError(t, err)
+	f.apply(t, shapeOf(NATSTopology{}))
+	return srv.ClientURL()
+}
+
+func authConfig(url string) NATSConfig {
+	return NATSConfig{URLs: []string{url}, TopologyWait: 10 * time.Second, Logger: quietLog}
+}
+
+func writeFile(t *testing.T, name string, data []byte) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	return path
+}
+
+func bootAndPublish(t *testing.T, cfg NATSConfig) {
+	t.Helper()
+	e, err := NewNATS(t.Context(), cfg)
+	require.NoError(t, err)
+	defer e.Close()
+	require.NoError(t, e.Publish(testCtx(t), Topic{Tenant: "acme", Table: "t"}, []byte("x")))
+}
+
+func refusedAtBoot(t *testing.T, cfg NATSConfig) {
+	t.Helper()
+	cfg.TopologyWait = 500 * time.Millisecond
+	_, err := NewNATS(t.Context(), cfg)
+	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+func TestNewNATS_BootsWithAnNKeySeedFileAndRefusesNoCredentials(t *testing.T) {
+	t.Parallel()
+	kp, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	pub, err := kp.PublicKey()
+	require.NoError(t, err)
+	seed, err := kp.Seed()
+	require.NoError(t, err)
+	seedFile := writeFile(t, "user.nk", seed)
+	adminOpt, err := nats.NkeyOptionFromSeed(seedFile)
+	require.NoError(t, err)
+	url := authServer(t, &server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}}, adminOpt)
+
+	cfg := authConfig(url)
+	cfg.NKeySeedFile = seedFile
+	bootAndPublish(t, cfg)
+	refusedAtBoot(t, authConfig(url))
+}
+
+func TestNewNATS_BootsWithACredsFileInOperatorMode(t *testing.T) {
+	t.Parallel()
+	okp, _ := nkeys.CreateOperator()
+	opub, _ := okp.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	akp, _ := nkeys.CreateAccount()
+	apub, _ := akp.PublicKey()
+	ac := jwt.NewAccountClaims(apub)
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{DiskStorage: -1, MemoryStorage: -1, Streams: -1, Consumer: -1}
+	ajwt, err := ac.Encode(okp)
+	require.NoError(t, err)
+	skp, _ := nkeys.CreateAccount()
+	spub, _ := skp.PublicKey()
+	sjwt, err := jwt.NewAccountClaims(spub).Encode(okp)
+	require.NoError(t, err)
+	ojwt, err := oc.Encode(okp)
+	require.NoError(t, err)
+	operator, err := jwt.DecodeOperatorClaims(ojwt)
+	require.NoError(t, err)
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	uc := jwt.NewUserClaims(upub)
+	uc.IssuerAccount = apub
+	ujwt, err := uc.Encode(akp)
+	require.NoError(t, err)
+	useed, _ := ukp.Seed()
+	creds, err := jwt.FormatUserConfig(ujwt, useed)
+	require.NoError(t, err)
+	credsFile := writeFile(t, "user.creds", creds)
+
+	resolver := &server.MemAccResolver{}
+	require.NoError(t, resolver.Store(apub, ajwt))
+	require.NoError(t, resolver.Store(spub, sjwt))
+	opts := &server.Options{TrustedOperators: []*jwt.OperatorClaims{operator}, AccountResolver: resolver, SystemAccount: spub}
+	url := authServer(t, opts, nats.UserCredentials(credsFile))
+
+	cfg := authConfig(url)
+	cfg.CredsFile = credsFile
+	bootAndPublish(t, cfg)
+}
+
+// testCA makes a CA and a certificate it signed for 127.0.0.1, written as PEM files.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	file string
+}
+
+func newTestCA(t *testing.T) *testCA {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "mq test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	return &testCA{cert: cert, key: key, file: writeFile(t, "ca.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
+}
+
+func (ca *testCA) issue(t *testing.T, name string, usage x509.ExtKeyUsage) (certFile, keyFile string) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	require.NoError(t, err)
+	kder, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	return writeFile(t, name+".pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		writeFile(t, name+"-key.pem", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
+}
+
+func TestNewNATS_BootsWithMutualTLSAndRefusesNoClientCertificate(t *testing.T) {
+	t.Parallel()
+	ca := newTestCA(t)
+	serverCert, serverKey := ca.issue(t, "server", x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey := ca.issue(t, "client", x509.ExtKeyUsageClientAuth)
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: serverCert, KeyFile: serverKey, CaFile: ca.file, Verify: true})
+	require.NoError(t, err)
+	tc.ClientAuth = tls.RequireAndVerifyClientCert
+	url := authServer(t, &server.Options{TLSConfig: tc, TLS: true, TLSVerify: true},
+		nats.RootCAs(ca.file), nats.ClientCert(clientCert, clientKey))
+
+	cfg := authConfig(url)
+	cfg.TLS = NATSTLS{CAFile: ca.file, CertFile: clientCert, KeyFile: clientKey}
+	bootAndPublish(t, cfg)
+	noCert := authConfig(url)
+	noCert.TLS = NATSTLS{CAFile: ca.file}
+	refusedAtBoot(t, noCert)
+	assert.NotEmpty(t, url)
+}
