@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -61,10 +63,10 @@ func (e *EmbeddedNATS) PurgeAcked(ctx context.Context, consumer string, olderTha
 	return purged, errors.Join(errs...)
 }
 
-// purgeTenant removes tenant's history events stored before cutoff, or before its
-// first event still unacknowledged on its partition, whichever is earlier. History
-// copies are stored after their originals, so every copy older than that first
-// unacknowledged original is a copy of an acknowledged one.
+// purgeTenant removes tenant's history copies stored before cutoff, and never the
+// copy of an event its partition still holds above the durable's ack floor: copies
+// arrive in partition order, each naming its original's sequence, so the first such
+// copy is found by a binary search over the tenant's copies.
 func (e *EmbeddedNATS) purgeTenant(ctx context.Context, hist jetstream.Stream, durable string, t TenantID, cutoff time.Time) (bool, error) {
 	name := e.topo.PartitionStream(Partition(t, e.topo.Partitions))
 	part, err := e.js.Stream(ctx, name)
@@ -79,15 +81,6 @@ func (e *EmbeddedNATS) purgeTenant(ctx context.Context, hist jetstream.Stream, d
 		return false, e.core.mapRequestError("consumer "+durable+" on stream "+name, err)
 	}
 	filter := e.subs.tenantIngest(t)
-	unacked, err := part.GetMsg(ctx, cons.CachedInfo().AckFloor.Stream+1, jetstream.WithGetMsgSubject(filter))
-	switch {
-	case err == nil:
-		if unacked.Time.Before(cutoff) {
-			cutoff = unacked.Time
-		}
-	case !errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, e.core.mapRequestError("stream "+name+": first unacknowledged event", err)
-	}
 	first, err := hist.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
@@ -95,12 +88,25 @@ func (e *EmbeddedNATS) purgeTenant(ctx context.Context, hist jetstream.Stream, d
 	if err != nil {
 		return false, e.core.mapRequestError("stream "+e.topo.HistoryStream+": first event", err)
 	}
-	if !first.Time.Before(cutoff) {
-		return false, nil
-	}
 	keep, err := e.firstStoredAtOrAfter(ctx, filter, cutoff)
 	if err != nil {
 		return false, err
+	}
+	unacked, err := part.GetMsg(ctx, cons.CachedInfo().AckFloor.Stream+1, jetstream.WithGetMsgSubject(filter))
+	switch {
+	case err == nil:
+		held, err := firstCopyOf(ctx, hist, filter, name, unacked.Sequence)
+		if err != nil {
+			return false, e.core.mapRequestError("stream "+e.topo.HistoryStream+": find the first unacknowledged copy", err)
+		}
+		if held > 0 && (keep == 0 || held < keep) {
+			keep = held
+		}
+	case !errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, e.core.mapRequestError("stream "+name+": first unacknowledged event", err)
+	}
+	if keep > 0 && keep <= first.Sequence {
+		return false, nil
 	}
 	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(filter)}
 	if keep > 0 {
@@ -111,6 +117,48 @@ func (e *EmbeddedNATS) purgeTenant(ctx context.Context, hist jetstream.Stream, d
 	}
 	e.log.Debug("mq: purged acknowledged history", "tenant", t, "below_seq", keep, "cutoff", cutoff)
 	return true, nil
+}
+
+// firstCopyOf returns the history sequence of the first copy matching filter whose
+// original on partition stream has a sequence of at least partSeq, or 0 when there is
+// none yet.
+func firstCopyOf(ctx context.Context, hist jetstream.Stream, filter, stream string, partSeq uint64) (uint64, error) {
+	lo, hi := uint64(1), hist.CachedInfo().State.LastSeq+1
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		m, err := hist.GetMsg(ctx, mid, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			hi = mid
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if src, ok := sourceSeq(m.Header.Get(streamSourceHeader), stream); !ok || src >= partSeq {
+			hi = mid
+		} else {
+			lo = m.Sequence + 1
+		}
+	}
+	m, err := hist.GetMsg(ctx, lo, jetstream.WithGetMsgSubject(filter))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return m.Sequence, nil
+}
+
+// sourceSeq reads the original's sequence from a sourced copy's Nats-Stream-Source
+// header, "<stream> <seq> <filter> <transform>".
+func sourceSeq(header, stream string) (uint64, bool) {
+	fields := strings.Fields(header)
+	if len(fields) < 2 || !strings.HasPrefix(fields[0], stream) {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(fields[1], 10, 64)
+	return seq, err == nil
 }
 
 // firstStoredAtOrAfter returns the history sequence of the first event matching filter
@@ -142,3 +190,6 @@ func (e *EmbeddedNATS) firstStoredAtOrAfter(ctx context.Context, filter string, 
 	}
 	return meta.Sequence.Stream, nil
 }
+
+// streamSourceHeader is the header a sourced copy carries naming its original.
+const streamSourceHeader = "Nats-Stream-Source"
