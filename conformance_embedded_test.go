@@ -1,0 +1,139 @@
+//go:build integration
+
+package mq_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+	"github.com/wavehouse/mq/mqtest"
+)
+
+// TestEmbeddedNATS_Conformance runs the conformance suite against EmbeddedNATS, one
+// broker per case over its own store. It is not parallel: mqtest.Run sets the global
+// OpenTelemetry propagator.
+func TestEmbeddedNATS_Conformance(t *testing.T) {
+	mqtest.Run(t, mqtest.Harness{
+		New:         newEmbeddedForConformance,
+		EndDelivery: deleteIngestDurables,
+		Fill:        fillTenantBudget,
+		DeadLetters: parkedMessages,
+		Caps: mqtest.Caps{
+			PerTenantBudget:    true,
+			PurgesAcked:        true,
+			UnbudgetedNotFound: true,
+			ConfiguresDurables: true,
+			AckWaitRedelivers:  true,
+		},
+	})
+}
+
+// conformanceLogger keeps the servers' start-up banners out of the test output and
+// lets warnings through.
+var conformanceLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+// conformanceBudget is the production-sized budget every case starts with.
+const conformanceBudget = 64 << 20
+
+func embeddedOf(t *testing.T, b mq.Broker) *mq.EmbeddedNATS {
+	t.Helper()
+	e, ok := b.(*mq.EmbeddedNATS)
+	require.True(t, ok, "broker is a %T, not *mq.EmbeddedNATS", b)
+	return e
+}
+
+func newEmbeddedForConformance(t *testing.T) mq.Broker {
+	t.Helper()
+	dir := storeDir(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	e, err := mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, NoSync: true, Logger: conformanceLogger})
+	require.NoError(t, err, "new embedded broker")
+	t.Cleanup(func() { _ = e.Close() }) // a case may have closed it already
+	for _, tenant := range []mq.TenantID{mqtest.Acme, mqtest.Globex} {
+		require.NoError(t, e.SetMaxBytes(ctx, tenant, conformanceBudget), "budget %s", tenant)
+	}
+	return e
+}
+
+// storeDir is a store directory under t.TempDir whose removal is retried: under load a
+// store file can appear just after Close returned, and TempDir removes only once. Its
+// cleanup is registered after TempDir's, so it runs first.
+func storeDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "store")
+	t.Cleanup(func() {
+		var err error
+		for range 50 {
+			if err = os.RemoveAll(dir); err == nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("store %s not removed: %v", dir, err)
+	})
+	return dir
+}
+
+// deleteIngestDurables deletes the ingest durable on every partition, as an operator
+// could: every partition's delivery ends underneath the running consumer.
+func deleteIngestDurables(t *testing.T, b mq.Broker) {
+	t.Helper()
+	e := embeddedOf(t, b)
+	js, topo := mq.JetStreamOf(e), mq.TopologyOf(e)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for p := range topo.Partitions {
+		require.NoError(t, js.DeleteConsumer(ctx, topo.PartitionStream(p), topo.IngestConsumer),
+			"delete %s on %s", topo.IngestConsumer, topo.PartitionStream(p))
+	}
+}
+
+// fillTenantBudget shrinks tenant's budget to 4 KiB and publishes until it is refused,
+// first 1 KiB events, then 1-byte ones, so that no later event of any size fits.
+func fillTenantBudget(t *testing.T, b mq.Broker, tenant mq.TenantID) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, b.SetMaxBytes(ctx, tenant, 4096))
+	fillUntilFull(t, b, tenant)
+}
+
+// fillUntilFull publishes 1 KiB events for tenant until refused, then 1-byte ones, so
+// that no later event of any size fits.
+func fillUntilFull(t *testing.T, b mq.Broker, tenant mq.TenantID) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	topic := mq.Topic{Tenant: tenant, Table: "fill"}
+	for _, size := range []int{1024, 1} {
+		filled := false
+		for range 1024 {
+			err := b.Publish(ctx, topic, bytes.Repeat([]byte("f"), size))
+			if errors.Is(err, mq.ErrQueueFull) {
+				filled = true
+				break
+			}
+			require.NoError(t, err, "fill %s with %d-byte events", tenant, size)
+		}
+		require.True(t, filled, "%s never filled with %d-byte events", tenant, size)
+	}
+}
+
+func parkedMessages(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	msgs, err := mq.ParkedMessages(ctx, embeddedOf(t, b), tenant)
+	require.NoError(t, err, "parked messages of %s", tenant)
+	return msgs
+}

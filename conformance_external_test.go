@@ -1,0 +1,60 @@
+//go:build integration
+
+package mq_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+	"github.com/wavehouse/mq/mqtest"
+)
+
+// TestExternalNATS_Conformance runs the conformance suite against ExternalNATS
+// connected as the restricted wavehouse user of the shipped Helm values, each case on
+// its own server with the shipped N=4 manifests applied by the operator. It is not
+// parallel: mqtest.Run sets the global OpenTelemetry propagator.
+func TestExternalNATS_Conformance(t *testing.T) {
+	var mu sync.Mutex
+	fixtures := map[mq.Broker]*mq.ExternalFixture{}
+	fixtureOf := func(t *testing.T, b mq.Broker) *mq.ExternalFixture {
+		mu.Lock()
+		defer mu.Unlock()
+		x, ok := fixtures[b]
+		require.True(t, ok, "broker %p has no fixture", b)
+		return x
+	}
+	mqtest.Run(t, mqtest.Harness{
+		New: func(t *testing.T) mq.Broker {
+			x := mq.NewExternalFixture(t)
+			e := x.Broker(t)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			for _, tenant := range []mq.TenantID{mqtest.Acme, mqtest.Globex} {
+				require.NoError(t, e.SetMaxBytes(ctx, tenant, conformanceBudget))
+			}
+			mu.Lock()
+			fixtures[e] = x
+			mu.Unlock()
+			t.Cleanup(func() { mu.Lock(); delete(fixtures, e); mu.Unlock() })
+			return e
+		},
+		EndDelivery: func(t *testing.T, b mq.Broker) { fixtureOf(t, b).DeleteIngestDurables(t) },
+		Fill: func(t *testing.T, b mq.Broker, tenant mq.TenantID) {
+			fixtureOf(t, b).ShrinkPartitionOf(t, tenant, 4096)
+			fillUntilFull(t, b, tenant)
+		},
+		DeadLetters: func(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			msgs, err := fixtureOf(t, b).ParkedMessages(ctx, b.(*mq.ExternalNATS), tenant)
+			require.NoError(t, err)
+			return msgs
+		},
+		Caps: mqtest.Caps{},
+	})
+}

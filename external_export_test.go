@@ -1,0 +1,38 @@
+//go:build integration
+
+package mq
+
+import (
+	"context"
+	"testing"
+)
+
+// Test-only shims for the conformance run against ExternalNATS in package mq_test.
+
+// ExternalFixture is an in-process server configured from the shipped Helm values,
+// with the shipped manifests applied by the operator user.
+type ExternalFixture struct{ f *externalFixture }
+
+// NewExternalFixture starts the server and applies the shipped manifests.
+func NewExternalFixture(t *testing.T) *ExternalFixture {
+	return &ExternalFixture{f: newExternalFixture(t)}
+}
+
+// Broker boots an ExternalNATS as the restricted application user.
+func (x *ExternalFixture) Broker(t *testing.T) *ExternalNATS { return x.f.broker(t) }
+
+// DeleteIngestDurables deletes the ingest durable on every partition, as the operator.
+func (x *ExternalFixture) DeleteIngestDurables(t *testing.T) {
+	x.f.deleteIngestDurables(t, shippedTopology)
+}
+
+// ShrinkPartitionOf sets the max_bytes of tenant's partition, as the operator.
+func (x *ExternalFixture) ShrinkPartitionOf(t *testing.T, tenant TenantID, maxBytes int64) {
+	topo := shippedTopology.WithDefaults()
+	x.f.shrink(t, topo.PartitionStream(Partition(tenant, topo.Partitions)), maxBytes)
+}
+
+// ParkedMessages reads tenant's parked events back, as the operator.
+func (x *ExternalFixture) ParkedMessages(ctx context.Context, e *ExternalNATS, tenant TenantID) ([]*Message, error) {
+	return parkedFrom(ctx, x.f.admin, e.core, tenant)
+}

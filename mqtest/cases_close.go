@@ -1,0 +1,179 @@
+package mqtest
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+func deliveryEndCases() []testCase {
+	return []testCase{
+		{"FailedOnceWhenDeliveryEnds", always, failedOnceWhenDeliveryEnds},
+		{"FailedNeverAfterStop", always, failedNeverAfterStop},
+	}
+}
+
+func closeCases() []testCase {
+	return []testCase{
+		{"CloseIsIdempotent", always, closeIsIdempotent},
+		{"EveryMethodAfterCloseReturnsErrClosed", always, everyMethodAfterClose},
+		{"StatsAfterCloseReturnsErrClosed", always, statsAfterClose},
+		{"ConsumeAfterCloseReturnsErrClosed", always, consumeAfterClose},
+		{"CloseStopsConsumeWithoutReportingFailed", always, closeStopsConsume},
+		{"NoHandlerStartsAfterCloseReturns", always, noHandlerAfterClose},
+	}
+}
+
+// prime publishes once per tenant and waits for both deliveries, proving that
+// delivery is live on every tenant before anything ends it.
+func (e *env) prime(c consumer) {
+	e.t.Helper()
+	e.publish(topic(Acme, "prime", ""), "acme")
+	e.publish(topic(Globex, "prime", ""), "globex")
+	assert.ElementsMatch(e.t, []string{"acme", "globex"}, datas(next(e.t, c.deliveries, 2)))
+}
+
+// failedOnceWhenDeliveryEnds: delivery ended from outside is reported on failed exactly
+// once, however many delivery units it ended on, with an error wrapping
+// ErrDeliveryEnded.
+func failedOnceWhenDeliveryEnds(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	e.prime(c)
+	h.EndDelivery(t, e.b)
+	select {
+	case err, ok := <-c.failed:
+		require.True(t, ok, "failed was closed instead of carrying an error")
+		require.Error(t, err)
+		assert.ErrorIs(t, err, mq.ErrDeliveryEnded)
+	case <-time.After(wait):
+		t.Fatalf("failed reported nothing within %s of EndDelivery", wait)
+	}
+	select {
+	case err, ok := <-c.failed:
+		if ok {
+			t.Fatalf("failed reported a second time: %v", err)
+		}
+	case <-time.After(quiet):
+	}
+}
+
+// failedNeverAfterStop: a stop by the caller is never a failure, even when delivery
+// then ends from outside.
+func failedNeverAfterStop(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	e.prime(c)
+	c.stop()
+	h.EndDelivery(t, e.b)
+	noFailure(t, c.failed)
+}
+
+// closeIsIdempotent: Close twice returns nil twice.
+func closeIsIdempotent(t *testing.T, h Harness) {
+	e := setup(t, h)
+	e.publish(topic(Acme, "t", ""), "x")
+	require.NoError(t, e.b.Close(), "first Close")
+	assert.NoError(t, e.b.Close(), "second Close")
+	assert.NoError(t, e.b.Close(), "third Close")
+}
+
+// everyMethodAfterClose: after Close, every method that returns an error returns one
+// wrapping ErrClosed.
+func everyMethodAfterClose(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "t", "")
+	e.publish(tp, "before")
+	require.NoError(t, e.b.Close())
+
+	assert.ErrorIs(t, e.b.Publish(e.ctx, tp, []byte("after")), mq.ErrClosed, "Publish")
+	assert.ErrorIs(t, e.b.Subscribe(e.ctx, "after-close", func(*mq.Message) error { return nil }), mq.ErrClosed, "Subscribe")
+	_, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
+	assert.ErrorIs(t, err, mq.ErrClosed, "CreateConsumer")
+	sent := 0
+	err = e.b.ReplaySince(e.ctx, tp, time.Time{}, func(*mq.Message) bool { sent++; return true })
+	assert.ErrorIs(t, err, mq.ErrClosed, "ReplaySince")
+	assert.Zero(t, sent, "ReplaySince sent after Close")
+	assert.ErrorIs(t, e.b.DeadLetter(e.ctx, mq.NewMessage(e.ctx, tp, []byte("parked"))), mq.ErrClosed, "DeadLetter")
+	_, err = e.b.DeadLetterCounts(e.ctx, Acme, "")
+	assert.ErrorIs(t, err, mq.ErrClosed, "DeadLetterCounts")
+	assert.ErrorIs(t, e.b.SetMaxBytes(e.ctx, Acme, 1<<20), mq.ErrClosed, "SetMaxBytes")
+	_, err = e.b.PurgeAcked(e.ctx, Durable, map[mq.TenantID]time.Time{Acme: time.Now()})
+	assert.ErrorIs(t, err, mq.ErrClosed, "PurgeAcked")
+}
+
+// statsAfterClose: Stats after Close returns an error wrapping ErrClosed.
+func statsAfterClose(t *testing.T, h Harness) {
+	e := setup(t, h)
+	_, err := e.b.Stats()
+	require.NoError(t, err, "Stats before Close")
+	require.NoError(t, e.b.Close())
+	_, err = e.b.Stats()
+	assert.ErrorIs(t, err, mq.ErrClosed, "Stats")
+}
+
+// consumeAfterClose: a consumer created before Close cannot start delivery after it.
+func consumeAfterClose(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
+	require.NoError(t, err)
+	require.NoError(t, e.b.Close())
+	stop, _, err := c.Consume(func(*mq.Message) error { return nil }, 16)
+	if stop != nil {
+		t.Cleanup(stop)
+	}
+	assert.ErrorIs(t, err, mq.ErrClosed, "Consume after Close")
+}
+
+// closeStopsConsume: Close stops a running Consume; it reports nothing on failed.
+func closeStopsConsume(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	e.prime(c)
+	require.NoError(t, e.b.Close())
+	noFailure(t, c.failed)
+}
+
+// noHandlerAfterClose: once Close returned, no Subscribe or Consume handler call
+// begins, even with deliveries in flight when it was called.
+func noHandlerAfterClose(t *testing.T, h Harness) {
+	e := setup(t, h)
+	var closed atomic.Bool
+	var late, hubCalls, workerCalls atomic.Int64
+	require.NoError(t, e.b.Subscribe(e.ctx, "closing", func(*mq.Message) error {
+		if closed.Load() {
+			late.Add(1)
+		}
+		hubCalls.Add(1)
+		time.Sleep(time.Millisecond)
+		return nil
+	}))
+	cons, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
+	require.NoError(t, err)
+	stop, failed, err := cons.Consume(func(m *mq.Message) error {
+		if closed.Load() {
+			late.Add(1)
+		}
+		workerCalls.Add(1)
+		time.Sleep(time.Millisecond)
+		return nil // left unsettled on purpose: nothing acks after Close
+	}, 16)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	for i := range 200 {
+		e.publish(topic(Acme, "t", ""), fmt.Sprint(i))
+	}
+	require.True(t, eventually(func() bool { return hubCalls.Load() > 0 && workerCalls.Load() > 0 }),
+		"no handler ran before Close")
+	require.NoError(t, e.b.Close())
+	closed.Store(true)
+	time.Sleep(quiet)
+	assert.Zero(t, late.Load(), "handler calls began after Close returned")
+	noFailure(t, failed)
+}

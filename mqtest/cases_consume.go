@@ -1,0 +1,270 @@
+package mqtest
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+func consumeCases() []testCase {
+	return []testCase{
+		{"EachTenantInOrder", always, eachTenantInOrder},
+		{"NakRedelivers", always, nakRedelivers},
+		{"NakWithDelayRedelivers", always, nakWithDelayRedelivers},
+		{"HandlerErrorNaksForRedelivery", always, handlerErrorNaks},
+		{"AckWaitRedelivers", always, ackWaitRedelivers},
+		{"CreateConsumerAppliesTheConfigExactlyWhenItConfiguresDurables", always, configuresDurables},
+		{"UnackedEventsComeBackToANewConsumeAndAckedOnesDoNot", always, atLeastOnceAcrossStop},
+		{"PrefetchOneStillDeliversEveryTenant", always, prefetchOne},
+		{"PrefetchZeroTakesTheDefault", always, prefetchZero},
+		{"ConsumeDeliversATenantBudgetedAfterItStarted", always, consumeSeesALaterTenant},
+		{"StopEndsDelivery", always, stopEndsDelivery},
+	}
+}
+
+// eachTenantInOrder: interleaved publishes of two tenants reach the worker in publish
+// order per tenant.
+func eachTenantInOrder(t *testing.T, h Harness) {
+	e := setup(t, h)
+	const n = 30
+	for i := range n {
+		e.publish(topic(Acme, "a", ""), fmt.Sprint(i))
+		e.publish(topic(Globex, "b", fmt.Sprintf("s%d", i%3)), fmt.Sprint(i))
+	}
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	got := byTenant(next(t, c.deliveries, 2*n))
+	assert.Equal(t, seq("", n), got[Acme], "acme's order")
+	assert.Equal(t, seq("", n), got[Globex], "globex's order")
+	none(t, c.deliveries)
+}
+
+// redeliveredOnce consumes one Acme event whose first delivery settle rejects, and
+// requires exactly one redelivery carrying the same data.
+func redeliveredOnce(t *testing.T, h Harness, settle func(e *env, m *mq.Message) error) {
+	e := setup(t, h)
+	var calls counter
+	c := e.consume(nil, mq.ConsumerConfig{}, func(m *mq.Message) error {
+		if calls.inc(string(m.Data)) == 1 {
+			return settle(e, m)
+		}
+		return e.ackEach(m)
+	})
+	e.publish(topic(Acme, "t", ""), "again")
+	got := next(t, c.deliveries, 2)
+	assert.Equal(t, []string{"again", "again"}, datas(got))
+	assert.Equal(t, topic(Acme, "t", ""), got[1].topic)
+	none(t, c.deliveries)
+}
+
+// nakRedelivers: a nak'ed event comes back once and, acked, not again.
+func nakRedelivers(t *testing.T, h Harness) {
+	redeliveredOnce(t, h, func(e *env, m *mq.Message) error {
+		if err := m.Nak(); err != nil {
+			e.errorf("nak: %v", err)
+		}
+		return nil
+	})
+}
+
+// nakWithDelayRedelivers: an event nak'ed with a delay comes back.
+func nakWithDelayRedelivers(t *testing.T, h Harness) {
+	redeliveredOnce(t, h, func(e *env, m *mq.Message) error {
+		if err := m.NakWithDelay(100 * time.Millisecond); err != nil {
+			e.errorf("nak with delay: %v", err)
+		}
+		return nil
+	})
+}
+
+// handlerErrorNaks: a handler that returns an error (and settles nothing) gets the
+// event again.
+func handlerErrorNaks(t *testing.T, h Harness) {
+	redeliveredOnce(t, h, func(*env, *mq.Message) error {
+		return errors.New("mqtest: transient handler failure")
+	})
+}
+
+// ackWaitRedelivers: with AckWaitRedelivers, an event left unsettled under an AckWait
+// of 200 ms comes back and an acked one does not; without it, neither comes back
+// within the quiet window.
+func ackWaitRedelivers(t *testing.T, h Harness) {
+	e := setup(t, h)
+	e.publish(topic(Acme, "t", ""), "acked")
+	e.publish(topic(Acme, "t", ""), "left")
+	c := e.consume(nil, mq.ConsumerConfig{AckWait: 200 * time.Millisecond}, func(m *mq.Message) error {
+		if string(m.Data) == "acked" {
+			return e.ackEach(m)
+		}
+		return nil
+	})
+	if h.Caps.AckWaitRedelivers {
+		assert.Equal(t, []string{"acked", "left", "left"}, datas(next(t, c.deliveries, 3)),
+			"Caps.AckWaitRedelivers: the unsettled event comes back after AckWait")
+		return
+	}
+	assert.Equal(t, []string{"acked", "left"}, datas(next(t, c.deliveries, 2)))
+	noneFor(t, c.deliveries, 3*quiet) // the caps say AckWait does not govern redelivery
+}
+
+// configuresDurables: with ConfiguresDurables, CreateConsumer accepts any AckWait (1h)
+// and delivery follows cfg: MaxAckPending 1 holds the next event back until the first
+// is acked, and the 1h AckWait does not redeliver the held one. Without it, an AckWait
+// longer than the operator's durable (24h) is refused.
+func configuresDurables(t *testing.T, h Harness) {
+	e := setup(t, h)
+	if !h.Caps.ConfiguresDurables {
+		_, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable, AckWait: 24 * time.Hour})
+		assert.Error(t, err, "Caps.ConfiguresDurables is false, yet a 24h AckWait the operator's durable lacks was accepted")
+		c, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
+		assert.NoError(t, err, "the zero config takes the operator's durable")
+		assert.NotNil(t, c)
+		return
+	}
+	held := make(chan *mq.Message, 1)
+	c := e.consume(nil, mq.ConsumerConfig{AckWait: time.Hour, MaxAckPending: 1}, func(m *mq.Message) error {
+		if string(m.Data) == "first" {
+			select {
+			case held <- m:
+			default:
+			}
+			return nil
+		}
+		return e.ackEach(m)
+	})
+	e.publish(topic(Acme, "t", ""), "first")
+	e.publish(topic(Acme, "t", ""), "second")
+	assert.Equal(t, "first", next(t, c.deliveries, 1)[0].data)
+	noneFor(t, c.deliveries, 3*quiet) // MaxAckPending 1 holds "second"; AckWait 1h holds "first"
+	require.NoError(t, (<-held).DoubleAck(e.ctx), "ack the held event")
+	assert.Equal(t, "second", next(t, c.deliveries, 1)[0].data)
+	none(t, c.deliveries)
+}
+
+// atLeastOnceAcrossStop: after stop, a new Consume gets what was published meanwhile
+// and, where AckWait redelivers, what was left unsettled; never what was acked.
+func atLeastOnceAcrossStop(t *testing.T, h Harness) {
+	e := setup(t, h)
+	cfg := mq.ConsumerConfig{}
+	if h.Caps.AckWaitRedelivers {
+		cfg.AckWait = 200 * time.Millisecond
+	}
+	tp := topic(Acme, "t", "")
+	for _, d := range []string{"acked-1", "acked-2", "left"} {
+		e.publish(tp, d)
+	}
+	first := e.consume(nil, cfg, func(m *mq.Message) error {
+		if string(m.Data) != "left" {
+			return e.ackEach(m)
+		}
+		return nil
+	})
+	assert.Equal(t, []string{"acked-1", "acked-2", "left"}, datas(next(t, first.deliveries, 3)))
+	first.stop()
+	e.publish(tp, "while-stopped")
+	e.publish(topic(Globex, "t", ""), "globex-while-stopped")
+
+	want := map[string]bool{"while-stopped": true, "globex-while-stopped": true}
+	if h.Caps.AckWaitRedelivers {
+		want["left"] = true
+	}
+	second := e.consume(nil, cfg, e.ackEach)
+	got := map[string]bool{}
+	deadline := time.After(wait)
+	for len(got) < len(want) {
+		select {
+		case d := <-second.deliveries:
+			require.NotContains(t, []string{"acked-1", "acked-2"}, d.data, "an acked event came back")
+			if want[d.data] {
+				got[d.data] = true
+			}
+		case <-deadline:
+			t.Fatalf("the new Consume got %v of %v within %s", got, want, wait)
+		}
+	}
+	select {
+	case d := <-second.deliveries:
+		assert.NotContains(t, []string{"acked-1", "acked-2"}, d.data, "an acked event came back")
+	case <-time.After(quiet):
+	}
+}
+
+// manyTenants budgets n more tenants and returns them with Acme and Globex.
+func (e *env) manyTenants(n int) []mq.TenantID {
+	e.t.Helper()
+	tenants := []mq.TenantID{Acme, Globex}
+	for i := range n {
+		id := mq.TenantID(fmt.Sprintf("tenant-%d", i))
+		e.budget(id)
+		tenants = append(tenants, id)
+	}
+	return tenants
+}
+
+// prefetchDeliversAll publishes per events for many tenants and requires a Consume
+// with prefetch to deliver all of them, each tenant in order.
+func prefetchDeliversAll(t *testing.T, h Harness, prefetch int) {
+	e := setup(t, h)
+	tenants := e.manyTenants(10)
+	const per = 3
+	for i := range per {
+		for _, id := range tenants {
+			e.publish(topic(id, "t", ""), fmt.Sprint(i))
+		}
+	}
+	c := e.consumeWith(nil, mq.ConsumerConfig{}, prefetch, e.ackEach)
+	got := byTenant(next(t, c.deliveries, per*len(tenants)))
+	for _, id := range tenants {
+		assert.Equal(t, seq("", per), got[id], "tenant %s with prefetch %d", id, prefetch)
+	}
+	none(t, c.deliveries)
+}
+
+// prefetchOne: a total prefetch of 1, split across every delivery unit (at least one
+// each), still delivers every tenant.
+func prefetchOne(t *testing.T, h Harness) { prefetchDeliversAll(t, h, 1) }
+
+// prefetchZero: prefetch 0 takes the broker's default and delivers every tenant.
+func prefetchZero(t *testing.T, h Harness) { prefetchDeliversAll(t, h, 0) }
+
+// consumeSeesALaterTenant: a tenant budgeted after Consume started is delivered too.
+func consumeSeesALaterTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	e.publish(topic(Acme, "t", ""), "prime")
+	assert.Equal(t, "prime", next(t, c.deliveries, 1)[0].data)
+	const later mq.TenantID = "initech"
+	e.budget(later)
+	e.publish(topic(later, "t", ""), "later")
+	d := next(t, c.deliveries, 1)[0]
+	assert.Equal(t, "later", d.data)
+	assert.Equal(t, later, d.topic.Tenant)
+}
+
+// stopEndsDelivery: stop returns at once and delivery ends after it; a handler may
+// still run for what was in flight, but not for events published afterwards.
+func stopEndsDelivery(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	tp := topic(Acme, "t", "")
+	e.publish(tp, "prime")
+	assert.Equal(t, "prime", next(t, c.deliveries, 1)[0].data)
+	stopped := make(chan struct{})
+	go func() {
+		c.stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(wait):
+		t.Fatalf("stop did not return within %s", wait)
+	}
+	c.stop() // a second stop is harmless
+	e.quiesces(tp, c.deliveries, "stop")
+	noFailure(t, c.failed)
+}

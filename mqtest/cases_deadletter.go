@@ -1,0 +1,213 @@
+package mqtest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+func deadLetterCases() []testCase {
+	return []testCase{
+		{"DeadLetterKeepsTheTopicAndDoesNotAck", always, deadLetterKeepsTheTopicAndDoesNotAck},
+		{"DeadLetterCounts", always, deadLetterCounts},
+		{"DeadLettersKeepDataHeadersAndTopic", always, deadLettersKeepContents},
+		{"DeadLetterThenAckRemovesTheOriginalAndKeepsThePark", always, deadLetterThenAck},
+		{"DeadLetterRefusesAMessageWithoutATopicOrWithAReservedHeader", always, deadLetterRefusesBadInput},
+		{"DeadLetterCountsRefusesAnInvalidTenant", always, deadLetterCountsRefusesAnInvalidTenant},
+	}
+}
+
+// counts reads tenant's dead-letter counts, requiring success.
+func (e *env) counts(tenant mq.TenantID, table string) mq.DeadLetterCounts {
+	e.t.Helper()
+	c, err := e.b.DeadLetterCounts(e.ctx, tenant, table)
+	require.NoError(e.t, err, "dead-letter counts of %s, table %q", tenant, table)
+	return c
+}
+
+// assertCounts compares counts, treating a nil and an empty Tables alike.
+func assertCounts(t *testing.T, want map[string]uint64, total uint64, got mq.DeadLetterCounts, what string) {
+	t.Helper()
+	if len(want) == 0 {
+		assert.Empty(t, got.Tables, "%s: tables", what)
+	} else {
+		assert.Equal(t, want, got.Tables, "%s: tables", what)
+	}
+	assert.Equal(t, total, got.Total, "%s: total", what)
+}
+
+// deadLetterKeepsTheTopicAndDoesNotAck: parking a delivered event does not settle it
+// (it comes back after a Nak), and the park counts under its table, scope rolled up.
+func deadLetterKeepsTheTopicAndDoesNotAck(t *testing.T, h Harness) {
+	e := setup(t, h)
+	var calls counter
+	c := e.consume(nil, mq.ConsumerConfig{}, func(m *mq.Message) error {
+		if calls.inc(string(m.Data)) > 1 {
+			return e.ackEach(m)
+		}
+		if err := e.b.DeadLetter(e.ctx, m, mq.WithHeader("X-Error", "poison")); err != nil {
+			e.errorf("dead letter: %v", err)
+		}
+		if err := m.Nak(); err != nil {
+			e.errorf("nak: %v", err)
+		}
+		return nil
+	})
+	e.publish(topic(Acme, "t", "s"), "poison")
+	got := next(t, c.deliveries, 2)
+	assert.Equal(t, []string{"poison", "poison"}, datas(got), "parking acked the original")
+	none(t, c.deliveries)
+	assertCounts(t, map[string]uint64{"t": 1}, 1, e.counts(Acme, ""), "acme")
+	assertCounts(t, nil, 0, e.counts(Globex, ""), "globex")
+}
+
+// park dead-letters an event built directly, without a settler.
+func (e *env) park(tp mq.Topic, data string, opts ...mq.PublishOpt) {
+	e.t.Helper()
+	m := mq.NewMessage(e.ctx, tp, []byte(data))
+	require.NoError(e.t, e.b.DeadLetter(e.ctx, m, opts...), "park %q on %s", data, tp)
+}
+
+// deadLetterCounts: every scope counts under its table; a table filter keeps that
+// table and all its scopes while Total stays the tenant's whole count; a table
+// literally named "odd.name" never shares a count with table "odd" scope "name";
+// tenants are separate; a never-budgeted tenant is ErrNoDeadLetterQueue exactly when
+// Caps.UnbudgetedNotFound says so.
+func deadLetterCounts(t *testing.T, h Harness) {
+	e := setup(t, h)
+	assertCounts(t, nil, 0, e.counts(Globex, ""), "globex before anything was parked")
+
+	e.park(topic(Acme, "t1", ""), "a")
+	e.park(topic(Acme, "t1", ""), "b")
+	e.park(topic(Acme, "t2", ""), "c")
+	e.park(topic(Acme, "t1", "s"), "d")
+	e.park(topic(Acme, "odd.name", ""), "e")
+	e.park(topic(Acme, "odd", "name"), "f")
+	e.park(topic(Globex, "t1", ""), "g")
+
+	assertCounts(t, map[string]uint64{"t1": 3, "t2": 1, "odd.name": 1, "odd": 1}, 6, e.counts(Acme, ""), "acme")
+	assertCounts(t, map[string]uint64{"t1": 3}, 6, e.counts(Acme, "t1"), "acme, table t1")
+	assertCounts(t, map[string]uint64{"odd": 1}, 6, e.counts(Acme, "odd"), "acme, table odd")
+	assertCounts(t, map[string]uint64{"odd.name": 1}, 6, e.counts(Acme, "odd.name"), "acme, table odd.name")
+	assertCounts(t, nil, 6, e.counts(Acme, "nothing-parked"), "acme, a table with nothing parked")
+	assertCounts(t, map[string]uint64{"t1": 1}, 1, e.counts(Globex, ""), "globex")
+
+	const unbudgeted mq.TenantID = "initech"
+	got, err := e.b.DeadLetterCounts(e.ctx, unbudgeted, "")
+	if h.Caps.UnbudgetedNotFound {
+		assert.ErrorIs(t, err, mq.ErrNoDeadLetterQueue, "Caps.UnbudgetedNotFound: a never-budgeted tenant")
+		return
+	}
+	require.NoError(t, err, "a never-budgeted tenant, Caps.UnbudgetedNotFound false")
+	assertCounts(t, nil, 0, got, "a never-budgeted tenant")
+}
+
+// deadLettersKeepContents: a park stores the event's data, its headers and the option
+// headers under the event's own topic, whether the event was delivered or built.
+func deadLettersKeepContents(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, hardTable, hardScope)
+	parked := make(chan struct{}, 1)
+	c := e.consume(nil, mq.ConsumerConfig{}, func(m *mq.Message) error {
+		if err := e.b.DeadLetter(e.ctx, m, mq.WithHeader("X-Error", "bad row"), mq.WithHeader("X-Error", "again")); err != nil {
+			e.errorf("dead letter: %v", err)
+			return nil
+		}
+		select {
+		case parked <- struct{}{}:
+		default:
+		}
+		return e.ackEach(m)
+	})
+	e.publish(tp, "delivered poison", mq.WithHeader("X-Orig", "v1"), mq.WithHeader("X-Orig", "v2"))
+	next(t, c.deliveries, 1)
+	<-parked
+	built := topic(Acme, "built", "")
+	require.NoError(t, e.b.DeadLetter(e.ctx,
+		mq.NewMessage(e.ctx, built, []byte("built poison"), mq.WithMessageHeaders(mq.Headers{"X-Built": {"yes"}})),
+		mq.WithHeader("X-Error", "built")))
+
+	assertCounts(t, map[string]uint64{hardTable: 1, "built": 1}, 2, e.counts(Acme, ""), "acme")
+	if h.DeadLetters == nil {
+		t.Log("Harness.DeadLetters is nil: parked contents not checked")
+		return
+	}
+	msgs := h.DeadLetters(t, e.b, Acme)
+	require.Len(t, msgs, 2, "acme's parked events")
+	byData := map[string]*mq.Message{}
+	for _, m := range msgs {
+		byData[string(m.Data)] = m
+	}
+	d, ok := byData["delivered poison"]
+	require.True(t, ok, "the delivered event's data was not parked: %v", byData)
+	key, _ := tp.Key()
+	assert.Equal(t, key, d.TopicKey(), "parked under its own topic")
+	assert.Equal(t, tp, d.Topic())
+	assert.Equal(t, []string{"v1", "v2"}, d.Headers["X-Orig"], "the event's own headers")
+	assert.Equal(t, []string{"bad row", "again"}, d.Headers["X-Error"], "the option headers")
+
+	b, ok := byData["built poison"]
+	require.True(t, ok, "the built event's data was not parked: %v", byData)
+	assert.Equal(t, built, b.Topic())
+	assert.Equal(t, []string{"yes"}, b.Headers["X-Built"])
+	assert.Equal(t, []string{"built"}, b.Headers["X-Error"])
+
+	assert.Empty(t, h.DeadLetters(t, e.b, Globex), "globex's parked events")
+}
+
+// deadLetterThenAck: the production flow, park then ack, removes the original (it is
+// not delivered again, not even to a new Consume) while the park stays counted.
+func deadLetterThenAck(t *testing.T, h Harness) {
+	e := setup(t, h)
+	cfg := mq.ConsumerConfig{}
+	watch := quiet
+	if h.Caps.AckWaitRedelivers {
+		cfg.AckWait = 200 * time.Millisecond // an unacked original would come back
+		watch = 3 * quiet
+	}
+	c := e.consume(nil, cfg, func(m *mq.Message) error {
+		if err := e.b.DeadLetter(e.ctx, m, mq.WithHeader("X-Error", "poison")); err != nil {
+			e.errorf("dead letter: %v", err)
+			return nil
+		}
+		return e.ackEach(m)
+	})
+	e.publish(topic(Acme, "t", "s"), "poison")
+	assert.Equal(t, "poison", next(t, c.deliveries, 1)[0].data)
+	noneFor(t, c.deliveries, watch)
+	c.stop()
+	again := e.consume(nil, cfg, e.ackEach)
+	e.publish(topic(Acme, "t", ""), "fence")
+	assert.Equal(t, "fence", next(t, again.deliveries, 1)[0].data, "the parked and acked original came back")
+	none(t, again.deliveries)
+	assertCounts(t, map[string]uint64{"t": 1}, 1, e.counts(Acme, ""), "acme")
+}
+
+// deadLetterRefusesBadInput: a message without a topic cannot be parked under it, and a
+// reserved option header is ErrInvalidHeader; neither is counted.
+func deadLetterRefusesBadInput(t *testing.T, h Harness) {
+	e := setup(t, h)
+	noTopic := mq.NewMessage(e.ctx, mq.Topic{Table: "t"}, []byte("x"))
+	require.Empty(t, noTopic.TopicKey())
+	assert.Error(t, e.b.DeadLetter(e.ctx, noTopic), "park a message without a topic")
+	ok := mq.NewMessage(e.ctx, topic(Acme, "t", ""), []byte("x"))
+	assert.ErrorIs(t, e.b.DeadLetter(e.ctx, ok, mq.WithHeader("Nats-Rollup", "all")), mq.ErrInvalidHeader)
+	assertCounts(t, nil, 0, e.counts(Acme, ""), "acme after refused parks")
+	require.NoError(t, e.b.DeadLetter(e.ctx, ok))
+	assertCounts(t, map[string]uint64{"t": 1}, 1, e.counts(Acme, ""), "acme after one park")
+}
+
+// deadLetterCountsRefusesAnInvalidTenant: an id outside the grammar is ErrInvalidTenant,
+// not "no dead-letter queue".
+func deadLetterCountsRefusesAnInvalidTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	for _, tenant := range invalidTenants {
+		_, err := e.b.DeadLetterCounts(e.ctx, tenant, "")
+		assert.ErrorIs(t, err, mq.ErrInvalidTenant, "tenant %q", tenant)
+		assert.NotErrorIs(t, err, mq.ErrNoDeadLetterQueue, "tenant %q", tenant)
+	}
+}

@@ -1,0 +1,169 @@
+package mqtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/wavehouse/mq"
+)
+
+func hubCases() []testCase {
+	return []testCase{
+		{"SubscribeCarriesTheTraceContext", always, subscribeCarriesTheTraceContext},
+		{"SubscribeSeesEveryTenant", always, subscribeSeesEveryTenant},
+		{"SubscribeDeliversEachTenantInOrder", always, subscribeEachTenantInOrder},
+		{"SubscribeSeesOnlyEventsPublishedAfterItReturns", always, subscribeOnlyAfter},
+		{"TwoSubscribersBothGetEveryEvent", always, twoSubscribers},
+		{"SubscribeStopsDeliveringWhenItsContextIsDone", always, subscribeStopsWithItsContext},
+		{"SubscribeHandlerErrorNeitherRedeliversNorStops", always, subscribeHandlerError},
+		{"SubscribeSeesATenantBudgetedAfterItStarted", always, subscribeSeesALaterTenant},
+	}
+}
+
+// subscribeCarriesTheTraceContext: the hub's Message.Ctx carries the publisher's span
+// context, extracted from the event's headers (so it is remote), and the trace context
+// is among Message.Headers next to the option headers.
+func subscribeCarriesTheTraceContext(t *testing.T, h Harness) {
+	e := setup(t, h)
+	traceID, err := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	require.NoError(t, err)
+	spanID, err := trace.SpanIDFromHex("00f067aa0ba902b7")
+	require.NoError(t, err)
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
+	hub := e.subscribe(nil, "hub-bridge")
+	pctx := trace.ContextWithSpanContext(e.ctx, sc)
+	require.NoError(t, e.b.Publish(pctx, topic(Acme, "traced", ""), []byte("traced"), mq.WithHeader("X-Custom", "yes")))
+
+	d := next(t, hub, 1)[0]
+	require.NotNil(t, d.msg.Ctx)
+	got := trace.SpanContextFromContext(d.msg.Ctx)
+	assert.Equal(t, traceID, got.TraceID(), "trace id")
+	assert.Equal(t, spanID, got.SpanID(), "span id")
+	assert.True(t, got.IsSampled(), "sampled flag")
+	assert.True(t, got.IsRemote(), "the span context was not extracted from the headers")
+	assert.NotEmpty(t, d.msg.Headers.Get("traceparent"), "trace context header: %v", d.msg.Headers)
+	assert.Equal(t, "yes", d.msg.Headers.Get("X-Custom"))
+}
+
+// subscribeSeesEveryTenant: one subscription sees every tenant's events.
+func subscribeSeesEveryTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "every-tenant")
+	e.publish(topic(Acme, "t", ""), "acme")
+	e.publish(topic(Globex, "t", ""), "globex")
+	got := next(t, hub, 2)
+	assert.ElementsMatch(t, []mq.Topic{topic(Acme, "t", ""), topic(Globex, "t", "")}, []mq.Topic{got[0].topic, got[1].topic})
+	assert.ElementsMatch(t, []string{"acme", "globex"}, datas(got))
+	none(t, hub)
+}
+
+// subscribeEachTenantInOrder: each tenant's events reach the hub in publish order,
+// across its tables and scopes.
+func subscribeEachTenantInOrder(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "order")
+	const n = 50
+	for i := range n {
+		e.publish(topic(Acme, fmt.Sprintf("t%d", i%3), ""), fmt.Sprint(i))
+		e.publish(topic(Globex, "t", fmt.Sprintf("s%d", i%2)), fmt.Sprint(i))
+	}
+	got := byTenant(next(t, hub, 2*n))
+	assert.Equal(t, seq("", n), got[Acme], "acme's order")
+	assert.Equal(t, seq("", n), got[Globex], "globex's order")
+}
+
+// subscribeOnlyAfter: an event stored before Subscribe returned is not delivered.
+func subscribeOnlyAfter(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "t", "")
+	e.publish(tp, "before")
+	e.replayReaches(tp, 1)
+	hub := e.subscribe(nil, "only-after")
+	e.publish(tp, "after")
+	assert.Equal(t, "after", next(t, hub, 1)[0].data)
+	none(t, hub)
+}
+
+// twoSubscribers: two subscriptions (same name or not) each get every event.
+func twoSubscribers(t *testing.T, h Harness) {
+	e := setup(t, h)
+	a := e.subscribe(nil, "pod")
+	b := e.subscribe(nil, "pod")
+	c := e.subscribe(nil, "other-pod")
+	for i := range 5 {
+		e.publish(topic(Acme, "t", ""), fmt.Sprint(i))
+	}
+	for name, ch := range map[string]<-chan delivery{"first": a, "second": b, "third": c} {
+		assert.Equal(t, seq("", 5), datas(next(t, ch, 5)), "%s subscriber", name)
+		none(t, ch)
+	}
+}
+
+// subscribeStopsWithItsContext: once Subscribe's context is done, delivery ends;
+// another subscription goes on.
+func subscribeStopsWithItsContext(t *testing.T, h Harness) {
+	e := setup(t, h)
+	ctx, cancel := context.WithCancel(e.ctx)
+	hub := e.subscribe(ctx, "cancelled")
+	other := e.subscribe(nil, "still-running")
+	tp := topic(Acme, "t", "")
+	e.publish(tp, "live")
+	assert.Equal(t, "live", next(t, hub, 1)[0].data)
+	assert.Equal(t, "live", next(t, other, 1)[0].data)
+	cancel()
+	e.quiesces(tp, hub, "Subscribe's context was cancelled")
+	e.publish(tp, "after")
+	var last string
+	for last != "after" {
+		last = next(t, other, 1)[0].data
+	}
+}
+
+// subscribeHandlerError: a hub handler's error is not redelivered and does not end
+// the subscription.
+func subscribeHandlerError(t *testing.T, h Harness) {
+	e := setup(t, h)
+	ch := make(chan delivery, deliveryBuffer)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	require.NoError(t, e.b.Subscribe(e.ctx, "erring", func(m *mq.Message) error {
+		mu.Lock()
+		calls[string(m.Data)]++
+		mu.Unlock()
+		e.push(ch, m)
+		if string(m.Data) == "fails" {
+			return errors.New("mqtest: handler failure")
+		}
+		return nil
+	}))
+	tp := topic(Acme, "t", "")
+	e.publish(tp, "fails")
+	e.publish(tp, "next")
+	e.publish(tp, "last")
+	assert.Equal(t, []string{"fails", "next", "last"}, datas(next(t, ch, 3)))
+	none(t, ch)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[string]int{"fails": 1, "next": 1, "last": 1}, calls)
+}
+
+// subscribeSeesALaterTenant: a tenant budgeted after Subscribe started reaches it.
+func subscribeSeesALaterTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "later-tenant")
+	e.publish(topic(Acme, "t", ""), "prime")
+	assert.Equal(t, "prime", next(t, hub, 1)[0].data)
+	const later mq.TenantID = "initech"
+	e.budget(later)
+	e.publish(topic(later, "t", ""), "later")
+	d := next(t, hub, 1)[0]
+	assert.Equal(t, "later", d.data)
+	assert.Equal(t, later, d.topic.Tenant)
+}

@@ -1,0 +1,217 @@
+package mqtest
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+func inputCases() []testCase {
+	return []testCase{
+		{"RefusesATopicWithoutATenant", always, refusesATopicWithoutATenant},
+		{"RefusesEveryInvalidTenant", always, refusesEveryInvalidTenant},
+		{"RefusesAnEmptyTable", always, refusesAnEmptyTable},
+		{"RefusesAKeyLongerThanTheLimitAndAcceptsOneAtIt", always, refusesALongKey},
+		{"RefusesAPayloadLargerThanTheBrokerAcceptsAndStoresNothing", always, refusesATooLargePayload},
+		{"RefusesAReservedHeaderAndStoresNothing", always, refusesAReservedHeader},
+		{"PublishWithADoneContextReturnsTheContextsError", always, publishWithADoneContext},
+		{"CreateConsumerRefusesAnUnknownDurable", always, createConsumerRefusesAnUnknownDurable},
+	}
+}
+
+// fenceAfterRefusals publishes a fence on Acme and requires the hub, which sees every
+// tenant, to deliver only the fence: nothing refused before it was stored.
+func (e *env) fenceAfterRefusals(hub <-chan delivery) {
+	e.t.Helper()
+	e.publish(topic(Acme, "fence", ""), "fence")
+	got := next(e.t, hub, 1)
+	assert.Equal(e.t, "fence", got[0].data, "a refused event was stored and delivered")
+	none(e.t, hub)
+}
+
+// noSend is a replay callback that must never run.
+func (e *env) noSend(m *mq.Message) bool {
+	e.errorf("replay sent %q for a refused topic", m.Data)
+	return false
+}
+
+// refusesATopicWithoutATenant: a topic without a valid tenant is invalid input, never
+// backpressure: Publish and ReplaySince refuse it with ErrInvalidTopic, not
+// ErrQueueFull.
+func refusesATopicWithoutATenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "no-tenant")
+	for _, tenant := range []mq.TenantID{"", "a.b", "*"} {
+		tp := topic(tenant, "t", "")
+		err := e.b.Publish(e.ctx, tp, []byte("x"))
+		require.Error(t, err, "publish with tenant %q", tenant)
+		assert.NotErrorIs(t, err, mq.ErrQueueFull, "tenant %q: invalid input is not backpressure", tenant)
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "publish with tenant %q", tenant)
+		err = e.b.ReplaySince(e.ctx, tp, time.Time{}, e.noSend)
+		require.Error(t, err, "replay with tenant %q", tenant)
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "replay with tenant %q", tenant)
+	}
+	e.fenceAfterRefusals(hub)
+}
+
+// invalidTenants lies outside the TenantID grammar.
+var invalidTenants = []mq.TenantID{
+	"", "A", "Acme", "a.b", "*", ">", "a b", "-a", "_a", "a/b", "é",
+	mq.TenantID(strings.Repeat("a", 65)),
+}
+
+// refusesEveryInvalidTenant: each tenant outside the grammar is refused by Publish and
+// ReplaySince with an error wrapping both ErrInvalidTopic and ErrInvalidTenant, and the
+// longest valid tenant is not.
+func refusesEveryInvalidTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "invalid-tenants")
+	for _, tenant := range invalidTenants {
+		tp := topic(tenant, "t", "s")
+		err := e.b.Publish(e.ctx, tp, []byte("x"))
+		require.Error(t, err, "publish with tenant %q", tenant)
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "publish with tenant %q", tenant)
+		assert.ErrorIs(t, err, mq.ErrInvalidTenant, "publish with tenant %q", tenant)
+		assert.NotErrorIs(t, err, mq.ErrQueueFull, "publish with tenant %q", tenant)
+		err = e.b.ReplaySince(e.ctx, tp, time.Time{}, e.noSend)
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "replay with tenant %q", tenant)
+		assert.ErrorIs(t, err, mq.ErrInvalidTenant, "replay with tenant %q", tenant)
+	}
+	e.fenceAfterRefusals(hub)
+
+	longest := mq.TenantID("0" + strings.Repeat("z_-", 21))
+	require.Len(t, string(longest), 64)
+	require.NoError(t, longest.Validate())
+	assert.NoError(t, e.b.ReplaySince(e.ctx, topic(longest, "t", ""), time.Time{}, e.noSend),
+		"replay of a valid 64-byte tenant that stored nothing")
+}
+
+// refusesAnEmptyTable: a topic without a table is ErrInvalidTopic, not a tenant error.
+func refusesAnEmptyTable(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "empty-table")
+	for _, tp := range []mq.Topic{topic(Acme, "", ""), topic(Acme, "", "scope")} {
+		err := e.b.Publish(e.ctx, tp, []byte("x"))
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "publish %+v", tp)
+		assert.NotErrorIs(t, err, mq.ErrInvalidTenant, "publish %+v: the tenant is valid", tp)
+		assert.NotErrorIs(t, err, mq.ErrQueueFull, "publish %+v", tp)
+		err = e.b.ReplaySince(e.ctx, tp, time.Time{}, e.noSend)
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "replay %+v", tp)
+	}
+	e.fenceAfterRefusals(hub)
+}
+
+// maxKey is the longest encoded topic key (mq.Topic.Validate).
+const maxKey = 2048
+
+// refusesALongKey: a topic whose encoded key exceeds 2048 bytes is ErrInvalidTopic
+// (also when only escaping makes it long); one exactly at the limit is stored and
+// delivered on every path.
+func refusesALongKey(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "long-keys")
+	prefix := len(Acme) + 1
+	for _, tp := range []mq.Topic{
+		topic(Acme, strings.Repeat(".", 3000), ""),
+		topic(Acme, strings.Repeat(".", 700), ""), // 700 bytes raw, 2100 escaped
+		topic(Acme, strings.Repeat("a", maxKey-prefix+1), ""),
+		topic(Acme, "t", strings.Repeat("s", maxKey-prefix-1)), // "t." and 2042 bytes
+	} {
+		err := e.b.Publish(e.ctx, tp, []byte("x"))
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "publish a %d-byte table, %d-byte scope", len(tp.Table), len(tp.Scope))
+		assert.NotErrorIs(t, err, mq.ErrQueueFull)
+		err = e.b.ReplaySince(e.ctx, tp, time.Time{}, e.noSend)
+		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "replay a %d-byte table", len(tp.Table))
+	}
+	e.fenceAfterRefusals(hub)
+
+	atLimit := topic(Acme, strings.Repeat("a", maxKey-prefix-len(".%25")), "%")
+	key, err := atLimit.Key()
+	require.NoError(t, err)
+	require.Len(t, key, maxKey)
+	e.publish(atLimit, "at the limit")
+	d := next(t, hub, 1)[0]
+	assert.Equal(t, "at the limit", d.data)
+	assert.Equal(t, atLimit, d.topic)
+	e.replayReaches(atLimit, 1)
+	assert.Equal(t, []string{"at the limit"}, e.replay(atLimit, time.Time{}))
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	assert.Equal(t, []string{"fence", "at the limit"}, datas(next(t, c.deliveries, 2)))
+}
+
+// refusesATooLargePayload: a payload over the broker's limit is ErrPayloadTooLarge,
+// refused before anything is stored; one of 256 KiB is not.
+func refusesATooLargePayload(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "big", "")
+	hub := e.subscribe(nil, "big")
+	err := e.b.Publish(e.ctx, tp, bytes.Repeat([]byte("x"), h.tooLarge()))
+	require.Error(t, err, "publish %d bytes", h.tooLarge())
+	assert.ErrorIs(t, err, mq.ErrPayloadTooLarge)
+	assert.NotErrorIs(t, err, mq.ErrQueueFull, "too large is not backpressure")
+
+	mid := bytes.Repeat([]byte("m"), 256<<10)
+	require.NoError(t, e.b.Publish(e.ctx, tp, mid), "publish 256 KiB")
+	e.publish(tp, "fence")
+	got := next(t, hub, 2)
+	assert.Equal(t, string(mid), got[0].data, "the first delivery is the 256 KiB event")
+	assert.Equal(t, "fence", got[1].data)
+	history := e.replayThrough(tp, time.Time{}, "fence")
+	assert.Len(t, history, 2, "the history holds the 256 KiB event and the fence only")
+}
+
+// refusesAReservedHeader: a header option starting with "Nats-" is ErrInvalidHeader and
+// nothing is stored; the idempotency key is the broker's own and is accepted.
+func refusesAReservedHeader(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "hdr", "")
+	hub := e.subscribe(nil, "reserved")
+	for _, key := range []string{"Nats-Rollup", "Nats-Expected-Stream", "Nats-TTL"} {
+		err := e.b.Publish(e.ctx, tp, []byte("x"), mq.WithHeader(key, "all"))
+		require.Error(t, err, "publish with header %s", key)
+		assert.ErrorIs(t, err, mq.ErrInvalidHeader, "publish with header %s", key)
+		assert.NotErrorIs(t, err, mq.ErrQueueFull)
+	}
+	e.fenceAfterRefusals(hub)
+	e.publish(tp, "keyed", mq.WithIdempotencyKey("k"))
+	assert.Equal(t, "keyed", next(t, hub, 1)[0].data)
+}
+
+// publishWithADoneContext: Publish under a cancelled or expired context returns that
+// context's error.
+func publishWithADoneContext(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "ctx", "")
+	cancelled, cancel := context.WithCancel(e.ctx)
+	cancel()
+	err := e.b.Publish(cancelled, tp, []byte("cancelled"))
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, mq.ErrQueueFull)
+
+	expired, cancel2 := context.WithDeadline(e.ctx, time.Now().Add(-time.Second))
+	defer cancel2()
+	err = e.b.Publish(expired, tp, []byte("expired"))
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	e.publish(tp, "live")
+}
+
+// createConsumerRefusesAnUnknownDurable: a durable name the broker cannot map is
+// ErrConsumerNotFound; the worker's name is not.
+func createConsumerRefusesAnUnknownDurable(t *testing.T, h Harness) {
+	e := setup(t, h)
+	for _, name := range []string{"no-such-consumer", "buffer-consumer-2", "BUFFER-CONSUMER"} {
+		_, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: name})
+		assert.ErrorIs(t, err, mq.ErrConsumerNotFound, "durable %q", name)
+	}
+	c, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
+	require.NoError(t, err)
+	assert.NotNil(t, c)
+}

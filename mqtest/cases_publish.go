@@ -1,0 +1,313 @@
+package mqtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+func publishCases() []testCase {
+	return []testCase{
+		{"RoundTrip", always, roundTrip},
+		{"TopicDecodesHardNamesOnEveryPath", always, topicDecodesHardNames},
+		{"ConcurrentPublishersLoseNothingAndKeepEachPublishersOrder", always, concurrentPublishers},
+		{"IdempotencyKeyStoresOneEvent", always, idempotencyKeyStoresOnce},
+		{"HeadersRoundTripToConsume", always, headersRoundTripToConsume},
+		{"HeadersRoundTripToSubscribeAndReplay", always, headersRoundTripToHubAndReplay},
+		{"EmptyPayloadRoundTrips", always, emptyPayloadRoundTrips},
+		{"DeliveriesCarryTheStoredTimestamp", always, deliveriesCarryTimestamp},
+		{"NewBrokersAreIsolated", always, newBrokersAreIsolated},
+	}
+}
+
+// hardTable and hardScope are names full of what subjects cannot hold.
+const (
+	hardTable = "a.b*c> d%e.%2E"
+	hardScope = "s.c*o>p e%"
+)
+
+type markerKey struct{}
+
+// roundTrip: events published before the durable exists are delivered to it, each with
+// its topic decoded back exactly, its key, and CreateConsumer's context.
+func roundTrip(t *testing.T, h Harness) {
+	e := setup(t, h)
+	topics := []mq.Topic{
+		topic(Acme, "events", ""),
+		topic(Acme, hardTable, hardScope),
+		topic(Globex, "events", "x"),
+	}
+	for i, tp := range topics {
+		e.publish(tp, fmt.Sprint(i))
+	}
+	ctx := context.WithValue(e.ctx, markerKey{}, "marked")
+	c := e.consume(ctx, mq.ConsumerConfig{MaxAckPending: 100}, e.ackEach)
+	got := next(t, c.deliveries, len(topics))
+	seen := map[string]bool{}
+	for _, d := range got {
+		var i int
+		_, err := fmt.Sscan(d.data, &i)
+		require.NoError(t, err, "unexpected payload %q", d.data)
+		require.Less(t, i, len(topics), "unexpected payload %q", d.data)
+		assert.False(t, seen[d.data], "payload %q delivered twice", d.data)
+		seen[d.data] = true
+		assert.Equal(t, topics[i], d.topic, "topic of %q", d.data)
+		key, _ := topics[i].Key()
+		assert.Equal(t, key, d.msg.TopicKey(), "topic key of %q", d.data)
+		assert.NotEmpty(t, d.msg.TopicKey())
+		require.NotNil(t, d.msg.Ctx, "Message.Ctx")
+		assert.Equal(t, "marked", d.msg.Ctx.Value(markerKey{}), "Message.Ctx of %q is not CreateConsumer's", d.data)
+	}
+	none(t, c.deliveries)
+}
+
+// topicDecodesHardNames: tables and scopes with dots, wildcards, spaces, percent signs,
+// unicode and invalid UTF-8 come back exactly from Subscribe, Consume and ReplaySince.
+func topicDecodesHardNames(t *testing.T, h Harness) {
+	e := setup(t, h)
+	topics := []mq.Topic{
+		topic(Acme, "ünïcødé/表", "🙂 scope"),
+		topic(Acme, "\xff\xfe\x00bin", ""),
+		topic(Acme, "%41", "%"),
+		topic(Acme, "odd.name", ""),
+		topic(Acme, "odd", "name"),
+		topic(Globex, "*", ">"),
+		topic(Globex, "a b\tc\r\n", "-_-"),
+	}
+	hub := e.subscribe(nil, "hard-names")
+	for i, tp := range topics {
+		e.publish(tp, fmt.Sprint(i))
+	}
+	check := func(path string, i int, got mq.Topic, key string) {
+		t.Helper()
+		assert.Equal(t, topics[i], got, "%s: topic of event %d", path, i)
+		want, _ := topics[i].Key()
+		assert.Equal(t, want, key, "%s: key of event %d", path, i)
+	}
+	for _, d := range next(t, hub, len(topics)) {
+		var i int
+		_, err := fmt.Sscan(d.data, &i)
+		require.NoError(t, err)
+		check("subscribe", i, d.topic, d.msg.TopicKey())
+	}
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	for _, d := range next(t, c.deliveries, len(topics)) {
+		var i int
+		_, err := fmt.Sscan(d.data, &i)
+		require.NoError(t, err)
+		check("consume", i, d.topic, d.msg.TopicKey())
+	}
+	for i, tp := range topics {
+		e.replayReaches(tp, 1)
+		var got []*mq.Message
+		require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+			got = append(got, m)
+			return true
+		}))
+		require.Len(t, got, 1, "replay of %s", tp)
+		assert.Equal(t, fmt.Sprint(i), string(got[0].Data))
+		check("replay", i, got[0].Topic(), got[0].TopicKey())
+	}
+}
+
+// concurrentPublishers: 32 goroutines publishing at once, half for each tenant, lose
+// nothing, store nothing twice, and every publisher's events reach the hub, the worker
+// and the history in the order it published them.
+func concurrentPublishers(t *testing.T, h Harness) {
+	e := setup(t, h)
+	const publishers, each = 32, 20
+	hub := e.subscribe(nil, "concurrent")
+	topicOf := func(p int) mq.Topic {
+		if p%2 == 0 {
+			return topic(Acme, "conc", "")
+		}
+		return topic(Globex, "conc", "")
+	}
+	var wg sync.WaitGroup
+	for p := range publishers {
+		wg.Go(func() {
+			for i := range each {
+				data := fmt.Sprintf("p%02d-%02d", p, i)
+				if err := e.b.Publish(e.ctx, topicOf(p), []byte(data)); err != nil {
+					e.errorf("publish %s: %v", data, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.False(t, t.Failed(), "a publish failed")
+
+	inOrder := func(path string, got []string) {
+		t.Helper()
+		perPublisher := map[int][]int{}
+		for _, d := range got {
+			var p, i int
+			_, err := fmt.Sscanf(d, "p%d-%d", &p, &i)
+			require.NoError(t, err, "%s: unexpected payload %q", path, d)
+			perPublisher[p] = append(perPublisher[p], i)
+		}
+		require.Len(t, perPublisher, publishers, "%s: publishers seen", path)
+		for p := range publishers {
+			assert.Equal(t, seqInts(each), perPublisher[p], "%s: publisher %d's events", path, p)
+		}
+	}
+	inOrder("subscribe", datas(next(t, hub, publishers*each)))
+	none(t, hub)
+
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	inOrder("consume", datas(next(t, c.deliveries, publishers*each)))
+	none(t, c.deliveries)
+
+	var history []string
+	for _, tp := range []mq.Topic{topicOf(0), topicOf(1)} {
+		e.replayReaches(tp, publishers/2*each)
+		history = append(history, e.replay(tp, time.Time{})...)
+	}
+	inOrder("replay", history)
+}
+
+func seqInts(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// idempotencyKeyStoresOnce: a second publish with the same idempotency key succeeds and
+// stores nothing; another key stores again.
+func idempotencyKeyStoresOnce(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "idem", "")
+	e.publish(tp, "one", mq.WithIdempotencyKey("key-1"))
+	e.publish(tp, "one again", mq.WithIdempotencyKey("key-1"))
+	e.publish(tp, "two", mq.WithIdempotencyKey("key-2"))
+	e.publish(tp, "fence")
+	assert.Equal(t, []string{"one", "two", "fence"}, e.replayThrough(tp, time.Time{}, "fence"))
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	assert.Equal(t, []string{"one", "two", "fence"}, datas(next(t, c.deliveries, 3)))
+	none(t, c.deliveries)
+}
+
+// publishedHeaders are option headers: exact-case keys, one repeated.
+func publishedHeaders() []mq.PublishOpt {
+	return []mq.PublishOpt{
+		mq.WithHeader("X-Case", "Upper"),
+		mq.WithHeader("x-case", "lower"),
+		mq.WithHeader("X-Multi", "1"),
+		mq.WithHeader("X-Multi", "2"),
+		mq.WithHeader("X-Value", "välue: with spaces"),
+	}
+}
+
+func assertPublishedHeaders(t *testing.T, path string, got mq.Headers) {
+	t.Helper()
+	assert.Equal(t, []string{"Upper"}, got["X-Case"], "%s: X-Case", path)
+	assert.Equal(t, []string{"lower"}, got["x-case"], "%s: x-case (keys are exact)", path)
+	assert.Equal(t, []string{"1", "2"}, got["X-Multi"], "%s: X-Multi (repeated keys append)", path)
+	assert.Equal(t, []string{"välue: with spaces"}, got["X-Value"], "%s: X-Value", path)
+	assert.Empty(t, hasReservedHeader(got), "%s: the broker's own bookkeeping header leaked: %v", path, got)
+}
+
+// headersRoundTripToConsume: option headers reach the worker exactly as published.
+func headersRoundTripToConsume(t *testing.T, h Harness) {
+	e := setup(t, h)
+	e.publish(topic(Acme, "hdr", ""), "with headers", publishedHeaders()...)
+	e.publish(topic(Globex, "hdr", ""), "without headers")
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	for _, d := range next(t, c.deliveries, 2) {
+		switch d.data {
+		case "with headers":
+			assertPublishedHeaders(t, "consume", d.msg.Headers)
+		default:
+			for _, k := range []string{"X-Case", "x-case", "X-Multi"} {
+				assert.NotContains(t, d.msg.Headers, k, "headers leaked across events")
+			}
+			assert.Empty(t, hasReservedHeader(d.msg.Headers), "bookkeeping header leaked: %v", d.msg.Headers)
+		}
+	}
+}
+
+// headersRoundTripToHubAndReplay: option headers reach the hub and the replay exactly.
+func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hub := e.subscribe(nil, "headers")
+	tp := topic(Acme, "hdr", "s")
+	e.publish(tp, "with headers", publishedHeaders()...)
+	d := next(t, hub, 1)[0]
+	assert.Equal(t, "with headers", d.data)
+	assertPublishedHeaders(t, "subscribe", d.msg.Headers)
+
+	e.replayReaches(tp, 1)
+	var got []*mq.Message
+	require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		got = append(got, m)
+		return true
+	}))
+	require.Len(t, got, 1)
+	assertPublishedHeaders(t, "replay", got[0].Headers)
+}
+
+// emptyPayloadRoundTrips: an event with no data is stored and delivered with no data.
+func emptyPayloadRoundTrips(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "empty", "")
+	hub := e.subscribe(nil, "empty")
+	require.NoError(t, e.b.Publish(e.ctx, tp, nil))
+	require.NoError(t, e.b.Publish(e.ctx, tp, []byte{}))
+	e.publish(tp, "fence")
+	assert.Equal(t, []string{"", "", "fence"}, datas(next(t, hub, 3)))
+	assert.Equal(t, []string{"", "", "fence"}, e.replayThrough(tp, time.Time{}, "fence"))
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	assert.Equal(t, []string{"", "", "fence"}, datas(next(t, c.deliveries, 3)))
+}
+
+// deliveriesCarryTimestamp: every path sets Message.Timestamp to when the event was
+// stored: not zero, and (allowing any clock skew under an hour) around now.
+func deliveriesCarryTimestamp(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "ts", "")
+	hub := e.subscribe(nil, "ts")
+	e.publish(tp, "stamped")
+	sane := func(path string, ts time.Time) {
+		t.Helper()
+		require.False(t, ts.IsZero(), "%s: Timestamp is zero", path)
+		assert.WithinDuration(t, time.Now(), ts, time.Hour, "%s: Timestamp", path)
+	}
+	sane("subscribe", next(t, hub, 1)[0].msg.Timestamp)
+	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	sane("consume", next(t, c.deliveries, 1)[0].msg.Timestamp)
+	e.replayReaches(tp, 1)
+	require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		sane("replay", m.Timestamp)
+		return true
+	}))
+}
+
+// newBrokersAreIsolated: two brokers from Harness.New share nothing: events published
+// on one are not replayed, delivered or counted on the other.
+func newBrokersAreIsolated(t *testing.T, h Harness) {
+	a := setup(t, h)
+	b := setup(t, h)
+	tp := topic(Acme, "iso", "")
+	hubB := b.subscribe(nil, "iso")
+	a.publish(tp, "on a")
+	a.replayReaches(tp, 1)
+	require.NoError(t, a.b.DeadLetter(a.ctx, mq.NewMessage(a.ctx, tp, []byte("parked on a"))))
+
+	assert.Empty(t, b.replay(tp, time.Time{}), "broker b replays broker a's event")
+	c := b.consume(nil, mq.ConsumerConfig{}, b.ackEach)
+	none(t, c.deliveries)
+	none(t, hubB)
+	counts, err := b.b.DeadLetterCounts(b.ctx, Acme, "")
+	require.NoError(t, err)
+	assert.Zero(t, counts.Total, "broker b counts broker a's dead letter")
+}

@@ -1,0 +1,244 @@
+package mqtest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+func replayCases() []testCase {
+	return []testCase{
+		{"ReplaySince", always, replaySince},
+		{"ReplaySinceStopsWhenContextIsDone", always, replaySinceStopsWhenContextIsDone},
+		{"ReplaySinceWithADoneContextReturnsItsErrorAndSendsNothing", always, replaySinceDoneContext},
+		{"ReplaySincePullFailureIsAnError", always, replaySincePullFailure},
+		{"ReplaySinceStopsAfterTheEventSendRefused", always, replaySinceSendFalse},
+		{"ReplaySinceToASlowSendArrivesWholeAndInOrder", always, replaySinceSlowSend},
+		{"ReplaySinceDoesNotSendEventsPublishedDuringIt", always, replaySinceNoTail},
+		{"ReplaySinceSendsMessagesWithTopicDataHeadersAndTimestamp", always, replaySinceMessageShape},
+	}
+}
+
+// replaySince: a replay sends exactly the topic's events stored at or after since, in
+// order; other tables, scopes and tenants never leak in.
+func replaySince(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "r", "")
+	beforeAll := time.Now().Add(-time.Minute)
+	e.publish(tp, "one")
+	e.replayReaches(tp, 1)
+	since := time.Now()
+	e.publish(tp, "two")
+	e.publish(topic(Acme, "other", ""), "other table")
+	e.publish(topic(Acme, "r", "s"), "scoped")
+	e.publish(topic(Acme, "r", "s2"), "other scope")
+	e.publish(topic(Acme, "r.s", ""), "dotted table")
+	e.publish(topic(Globex, "r", ""), "globex")
+	e.publish(tp, "three")
+	for _, last := range []struct {
+		tp   mq.Topic
+		data string
+	}{{tp, "three"}, {topic(Acme, "r", "s"), "scoped"}, {topic(Globex, "r", ""), "globex"}, {topic(Acme, "r.s", ""), "dotted table"}} {
+		e.replayThrough(last.tp, time.Time{}, last.data)
+	}
+
+	for _, c := range []struct {
+		name  string
+		tp    mq.Topic
+		since time.Time
+		want  []string
+	}{
+		{"SinceInTheMiddle", tp, since, []string{"two", "three"}},
+		{"ZeroTimeIsFromTheBeginning", tp, time.Time{}, []string{"one", "two", "three"}},
+		{"SinceBeforeEverything", tp, beforeAll, []string{"one", "two", "three"}},
+		{"SinceInTheFutureIsACleanEmptyEnd", tp, time.Now().Add(time.Hour), []string{}},
+		{"ScopedTopicIsExact", topic(Acme, "r", "s"), time.Time{}, []string{"scoped"}},
+		{"TableWithADotIsNotTableAndScope", topic(Acme, "r.s", ""), time.Time{}, []string{"dotted table"}},
+		{"OtherTenantNeverLeaks", topic(Globex, "r", ""), time.Time{}, []string{"globex"}},
+		{"NeverPublishedTopicIsEmpty", topic(Acme, "never", ""), time.Time{}, []string{}},
+		{"TenantWithoutEventsIsEmpty", topic(Globex, "other", ""), time.Time{}, []string{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sub := *e
+			sub.t = t
+			assert.Equal(t, c.want, sub.replay(c.tp, c.since))
+		})
+	}
+}
+
+// twoReplayable publishes "one" and "two" on Acme/r and waits until both replay.
+func (e *env) twoReplayable() mq.Topic {
+	e.t.Helper()
+	tp := topic(Acme, "r", "")
+	e.publish(tp, "one")
+	e.publish(tp, "two")
+	e.replayReaches(tp, 2)
+	return tp
+}
+
+// replaySinceStopsWhenContextIsDone: a replay whose context ends during it returns the
+// context's error after the event it was sending.
+func replaySinceStopsWhenContextIsDone(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := e.twoReplayable()
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	var sent []string
+	err := e.b.ReplaySince(ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		sent = append(sent, string(m.Data))
+		cancel()
+		return true
+	})
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, []string{"one"}, sent)
+}
+
+// replaySinceDoneContext: a replay under a context already done returns its error and
+// sends nothing.
+func replaySinceDoneContext(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := e.twoReplayable()
+	ctx, cancel := context.WithCancel(e.ctx)
+	cancel()
+	sent := 0
+	err := e.b.ReplaySince(ctx, tp, time.Time{}, func(*mq.Message) bool { sent++; return true })
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Zero(t, sent)
+	expired, cancel2 := context.WithDeadline(e.ctx, time.Now().Add(-time.Second))
+	defer cancel2()
+	err = e.b.ReplaySince(expired, tp, time.Time{}, func(*mq.Message) bool { sent++; return true })
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Zero(t, sent)
+}
+
+// replaySincePullFailure: a replay that loses its broker midway is an error that is
+// not a context's, never an early nil: losing the broker is not being caught up.
+func replaySincePullFailure(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := e.twoReplayable()
+	var sent []string
+	err := e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		sent = append(sent, string(m.Data))
+		if len(sent) == 1 {
+			closed := make(chan error, 1)
+			go func() { closed <- e.b.Close() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					e.errorf("Close: %v", err)
+				}
+			case <-time.After(wait):
+				e.errorf("Close did not return within %s while a replay was sending", wait)
+				return false
+			}
+		}
+		return true
+	})
+	require.Error(t, err, "a replay that lost its broker ended as if caught up")
+	assert.False(t, isContextErr(err), "the error is a context's: %v", err)
+	assert.Equal(t, []string{"one"}, sent)
+}
+
+// replaySinceSendFalse: send returning false stops the replay after exactly that
+// event, with a nil end.
+func replaySinceSendFalse(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "r", "")
+	for i := range 10 {
+		e.publish(tp, fmt.Sprint(i))
+	}
+	e.replayReaches(tp, 10)
+	for _, stopAt := range []int{1, 3, 10} {
+		var sent []string
+		err := e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+			sent = append(sent, string(m.Data))
+			return len(sent) < stopAt
+		})
+		assert.NoError(t, err, "stop at %d", stopAt)
+		assert.Equal(t, seq("", stopAt), sent, "stop at %d", stopAt)
+	}
+}
+
+// replaySinceSlowSend: a replay to a client taking 5 ms per event, over 300 events,
+// arrives whole and in order.
+func replaySinceSlowSend(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "slow", "")
+	const n = 300
+	for i := range n {
+		e.publish(tp, fmt.Sprint(i))
+	}
+	e.replayReaches(tp, n)
+	var sent []string
+	err := e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		sent = append(sent, string(m.Data))
+		time.Sleep(5 * time.Millisecond)
+		return true
+	})
+	require.NoError(t, err)
+	assert.Equal(t, seq("", n), sent)
+}
+
+// replaySinceNoTail: events published while a replay runs are not sent by it (the
+// caller's live subscription has them), though they are stored.
+func replaySinceNoTail(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "tail", "")
+	const n = 20
+	for i := range n {
+		e.publish(tp, fmt.Sprint(i))
+	}
+	e.replayReaches(tp, n)
+	var sent []string
+	err := e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		sent = append(sent, string(m.Data))
+		if len(sent) == 1 {
+			for i := range 5 {
+				if err := e.b.Publish(e.ctx, tp, []byte(fmt.Sprintf("late-%d", i))); err != nil {
+					e.errorf("publish during the replay: %v", err)
+				}
+			}
+			// Let the late events reach the replayable history before going on.
+			time.Sleep(quiet)
+		}
+		return true
+	})
+	require.NoError(t, err)
+	assert.Equal(t, seq("", n), sent, "the replay chased the live tail")
+	e.replayEventually(tp, time.Time{}, append(seq("", n), seq("late-", 5)...))
+}
+
+// replaySinceMessageShape: each replayed event is a *mq.Message with its topic, data,
+// headers and a stored timestamp; its settle methods are harmless no-ops.
+func replaySinceMessageShape(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "shape", "sc")
+	before := time.Now().Add(-time.Hour)
+	e.publish(tp, "payload", mq.WithHeader("X-Replay", "kept"))
+	e.replayReaches(tp, 1)
+	var got []*mq.Message
+	require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		got = append(got, m)
+		return true
+	}))
+	require.Len(t, got, 1)
+	m := got[0]
+	require.NotNil(t, m)
+	assert.Equal(t, []byte("payload"), m.Data)
+	assert.Equal(t, tp, m.Topic())
+	key, _ := tp.Key()
+	assert.Equal(t, key, m.TopicKey())
+	assert.Equal(t, "kept", m.Headers.Get("X-Replay"))
+	assert.False(t, m.Timestamp.IsZero(), "Timestamp is zero")
+	assert.True(t, m.Timestamp.After(before), "Timestamp %v is before the publish", m.Timestamp)
+	assert.NotNil(t, m.Ctx, "Message.Ctx")
+	assert.NoError(t, m.Ack(), "a replayed message's Ack")
+	assert.NoError(t, m.Nak(), "a replayed message's Nak")
+	assert.NoError(t, m.DoubleAck(e.ctx), "a replayed message's DoubleAck")
+}
