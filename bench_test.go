@@ -1,0 +1,173 @@
+package mq
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+)
+
+// The benchmarks compare each path of EmbeddedNATS with raw nats.go doing the same
+// JetStream work on the same in-process server in the same run, as sub-benchmarks
+// impl=raw and impl=mq, so `benchstat -col /impl` prints the library's cost as a
+// ratio. Run them with `make bench`.
+
+const benchPayload = 256
+
+func benchBroker(b *testing.B) *EmbeddedNATS {
+	b.Helper()
+	e, err := NewEmbedded(context.Background(), EmbeddedOptions{StoreDir: b.TempDir(), NoSync: true, Logger: quietLog})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = e.Close() })
+	if err := e.SetMaxBytes(context.Background(), "acme", 1<<40); err != nil {
+		b.Fatal(err)
+	}
+	return e
+}
+
+// rawJS is a second in-process connection to e's server, as a nats.go user would have.
+func rawJS(b *testing.B, e *EmbeddedNATS) jetstream.JetStream {
+	nc, err := nats.Connect("", nats.InProcessServer(e.srv))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return js
+}
+
+// BenchmarkPublish: synchronous publishes of 256 B from 32 concurrent callers of one
+// tenant, each confirmed by the partition.
+func BenchmarkPublish(b *testing.B) {
+	topic := Topic{Tenant: "acme", Table: "bench"}
+	payload := make([]byte, benchPayload)
+	b.Run("impl=raw", func(b *testing.B) {
+		e := benchBroker(b)
+		js := rawJS(b, e)
+		subject, p, _ := e.subs.ingestTopic(topic)
+		stream := e.topo.PartitionStream(p)
+		b.SetParallelism(16)
+		b.SetBytes(benchPayload)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := js.Publish(context.Background(), subject, payload,
+					jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(stream)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("impl=mq", func(b *testing.B) {
+		e := benchBroker(b)
+		b.SetParallelism(16)
+		b.SetBytes(benchPayload)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := e.Publish(context.Background(), topic, payload); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+// BenchmarkConsume: drain b.N stored events through the ingest durable, acking each.
+func BenchmarkConsume(b *testing.B) {
+	topic := Topic{Tenant: "acme", Table: "bench"}
+	payload := make([]byte, benchPayload)
+	fill := func(b *testing.B, e *EmbeddedNATS) {
+		b.Helper()
+		for i := 0; i < b.N; i++ {
+			if err := e.Publish(context.Background(), topic, payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	wait := func(b *testing.B, n *atomic.Int64, done chan struct{}) {
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			b.Fatalf("consumed %d of %d", n.Load(), b.N)
+		}
+	}
+	b.Run("impl=raw", func(b *testing.B) {
+		e := benchBroker(b)
+		fill(b, e)
+		js := rawJS(b, e)
+		var n atomic.Int64
+		done := make(chan struct{})
+		b.SetBytes(benchPayload)
+		b.ResetTimer()
+		var ccs []jetstream.ConsumeContext
+		for p := range e.topo.Partitions {
+			cons, err := js.Consumer(context.Background(), e.topo.PartitionStream(p), e.topo.IngestConsumer)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cc, err := cons.Consume(func(m jetstream.Msg) {
+				_ = m.Ack()
+				if n.Add(1) == int64(b.N) {
+					close(done)
+				}
+			}, jetstream.PullMaxMessages(e.topo.Prefetch/e.topo.Partitions))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ccs = append(ccs, cc)
+		}
+		wait(b, &n, done)
+		b.StopTimer()
+		for _, cc := range ccs {
+			cc.Stop()
+		}
+	})
+	b.Run("impl=mq", func(b *testing.B) {
+		e := benchBroker(b)
+		fill(b, e)
+		c, err := e.CreateConsumer(context.Background(), ConsumerConfig{Durable: WorkerDurable})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var n atomic.Int64
+		done := make(chan struct{})
+		b.SetBytes(benchPayload)
+		b.ResetTimer()
+		stop, _, err := c.Consume(func(m *Message) error {
+			_ = m.Ack()
+			if n.Add(1) == int64(b.N) {
+				close(done)
+			}
+			return nil
+		}, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wait(b, &n, done)
+		b.StopTimer()
+		stop()
+	})
+}
+
+// BenchmarkKey: the topic key of a table and scope that need escaping.
+func BenchmarkKey(b *testing.B) {
+	t := Topic{Tenant: "acme-co", Table: "default.clicks", Scope: "org_" + strconv.Itoa(42)}
+	for b.Loop() {
+		if _, err := t.Key(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
