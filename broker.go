@@ -80,16 +80,19 @@ type Topic struct {
 
 // Message is one delivered event.
 //
-// A Message handed to a handler is owned by that handler until it returns; it must be
-// settled (Ack, DoubleAck, Nak, NakWithDelay) at most once. Messages delivered by
-// Subscribe and ReplaySince carry no settlement: their settle methods do nothing.
+// A Message handed to a handler must be settled (Ack, DoubleAck, Nak, NakWithDelay) at
+// most once, during the handler or after it returned (a worker may hold messages for a
+// batch). Messages delivered by Subscribe and ReplaySince carry no settlement: their
+// settle methods do nothing.
 type Message struct {
 	// Data is the event's payload.
 	Data []byte
-	// Timestamp is when the broker stored the event.
+	// Timestamp is when the broker stored the event, on the stream it was read from:
+	// the partition for Consume, the history (a little later) for Subscribe and
+	// ReplaySince.
 	Timestamp time.Time
-	// Headers are the event's headers as published (options and trace context), without
-	// the broker's own bookkeeping headers.
+	// Headers are the event's headers as published (options and trace context),
+	// without any "Nats-" header, the idempotency key included.
 	Headers Headers
 	// Ctx is the context a handler should work under. On the hub path (Subscribe) it
 	// carries the publisher's trace context; on the worker path (Consume) it is the
@@ -225,7 +228,8 @@ const HeaderIdempotencyKey = "Nats-Msg-Id"
 type PublishOpt func(h Headers)
 
 // WithHeader appends a header value; two calls with one key keep both values. Keys
-// starting with "Nats-" are reserved for the broker and refused with ErrInvalidHeader.
+// starting with "Nats-" are reserved for the broker and refused with ErrInvalidHeader,
+// except HeaderIdempotencyKey, which WithIdempotencyKey sets.
 func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(key, value) } }
 
 // WithIdempotencyKey makes the publish idempotent: a second publish with the same key
@@ -263,7 +267,8 @@ type Subscriber interface {
 // defaults.
 type ConsumerConfig struct {
 	// Durable names the durable consumer. The NATS brokers know one: the topology's
-	// ingest consumer, also reachable as "buffer-consumer", the ingest worker's name.
+	// ingest consumer, also reachable as "buffer-consumer" (WorkerDurable), the ingest
+	// worker's name, and as "".
 	Durable string
 	// AckWait is how long a delivered, unsettled message waits before redelivery.
 	AckWait time.Duration
@@ -337,7 +342,8 @@ type Replayer interface {
 // Budgeter holds per-tenant byte budgets.
 type Budgeter interface {
 	// SetMaxBytes sets tenant's byte budget. Where budgets are enforced, a tenant never
-	// given one is refused with ErrQueueFull.
+	// given one, or given 0, is refused with ErrQueueFull. A negative budget or an
+	// invalid tenant is an error, and the budget stays as it was.
 	SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error
 	// MaxBytes returns the budget last set in full, or 0.
 	MaxBytes(tenant TenantID) int64
@@ -366,6 +372,8 @@ type Broker interface {
 	// Stats returns the broker's counters.
 	Stats() (Stats, error)
 	// Close stops every consumer and subscription (none reports failed), then releases
-	// the broker. It is idempotent; afterwards every method returns ErrClosed.
+	// the broker. It is idempotent. No handler call starts after it returned; one in
+	// flight may still finish. Afterwards every method, Consumer.Consume and Stats
+	// included, returns an error wrapping ErrClosed.
 	Close() error
 }

@@ -128,7 +128,9 @@ func newValuesFixture(t *testing.T) *natsFixture {
 func (f *natsFixture) connect(t *testing.T, user string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	opts = append([]nats.Option{nats.UserInfo(user, password(user)), nats.MaxReconnects(-1),
-		nats.ReconnectWait(50 * time.Millisecond)}, opts...)
+		nats.ReconnectWait(50 * time.Millisecond),
+		// Refusals are what the permission tests provoke: keep them off stderr.
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}, opts...)
 	if user == appUser {
 		opts = append(opts, nats.CustomInboxPrefix(inboxPrefix(NATSTopology{})))
 	}

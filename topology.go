@@ -248,10 +248,10 @@ func (t NATSTopology) deadLetterConfig() jetstream.StreamConfig {
 	}
 }
 
-// durableFor maps a consumer name onto the ingest durable: the worker's own name and
-// the configured one both do; anything else is ErrConsumerNotFound.
+// durableFor maps a consumer name onto the ingest durable: the worker's own name, the
+// configured one and "" (the default) do; anything else is ErrConsumerNotFound.
 func (t NATSTopology) durableFor(name string) (string, error) {
-	if name == WorkerDurable || name == t.IngestConsumer {
+	if name == "" || name == WorkerDurable || name == t.IngestConsumer {
 		return t.IngestConsumer, nil
 	}
 	return "", fmt.Errorf("%w: %q (known: %q, %q)", ErrConsumerNotFound, name, WorkerDurable, t.IngestConsumer)

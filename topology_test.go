@@ -197,7 +197,7 @@ func TestNATSTopologyValidate_AcceptsADuplicateWindowOfExactlyTheMinimum(t *test
 	}
 }
 
-func TestNATSTopologyDurableFor_MapsTheWorkerNameAndTheConfiguredNameOntoTheDurable(t *testing.T) {
+func TestNATSTopologyDurableFor_MapsTheWorkerNameTheConfiguredNameAndTheDefaultOntoTheDurable(t *testing.T) {
 	def := NATSTopology{}.WithDefaults()
 	custom := NATSTopology{IngestConsumer: "my-durable"}.WithDefaults()
 	cases := []struct {
@@ -210,6 +210,8 @@ func TestNATSTopologyDurableFor_MapsTheWorkerNameAndTheConfiguredNameOntoTheDura
 		{def, "wh-ingest", "wh-ingest"},
 		{custom, "buffer-consumer", "my-durable"},
 		{custom, "my-durable", "my-durable"},
+		{def, "", "wh-ingest"},
+		{custom, "", "my-durable"},
 	}
 	for _, c := range cases {
 		got, err := c.top.durableFor(c.name)
@@ -226,12 +228,10 @@ func TestNATSTopologyDurableFor_AnyOtherNameIsErrConsumerNotFound(t *testing.T) 
 		top  NATSTopology
 		name string
 	}{
-		{def, ""},
 		{def, "other"},
 		{def, "Buffer-Consumer"},
 		{def, "wh-ingest-0"},
 		{custom, "wh-ingest"},
-		{custom, ""},
 	} {
 		got, err := c.top.durableFor(c.name)
 		if !errors.Is(err, ErrConsumerNotFound) {

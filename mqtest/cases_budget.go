@@ -104,7 +104,7 @@ func budgetEnforcedPerCaps(t *testing.T, h Harness) {
 func unbudgetedTenantPerCaps(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic("initech", "t", "")
-	hub := e.subscribe(nil, "unbudgeted")
+	hub := e.subscribe("unbudgeted")
 	err := e.b.Publish(e.ctx, tp, []byte("unbudgeted"))
 	if !h.Caps.PerTenantBudget {
 		require.NoError(t, err, "Caps.PerTenantBudget is false, yet a never-budgeted tenant was refused")
@@ -147,7 +147,7 @@ func fullQueueIsolation(t *testing.T, h Harness) {
 	if !h.Caps.PerTenantBudget {
 		return
 	}
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	var globex []string
 	deadline := time.After(wait)
 	for len(globex) < 20 {
@@ -171,7 +171,7 @@ func fullQueueRecovers(t *testing.T, h Harness) {
 	h.Fill(t, e.b, Acme)
 	tp := topic(Acme, "t", "")
 	require.ErrorIs(t, e.b.Publish(e.ctx, tp, []byte("refused")), mq.ErrQueueFull)
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	for until := time.Now().Add(wait); drainedWithin(c.deliveries, quiet) && time.Now().Before(until); {
 	}
 	var err error
@@ -203,7 +203,7 @@ func statsCountTraffic(t *testing.T, h Harness) {
 	e := setup(t, h)
 	before, err := e.b.Stats()
 	require.NoError(t, err)
-	hub := e.subscribe(nil, "stats")
+	hub := e.subscribe("stats")
 	for i := range 10 {
 		require.NoError(t, e.publishBytes(topic(Acme, "stats", ""), 1<<10, i))
 	}

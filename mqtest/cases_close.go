@@ -44,7 +44,7 @@ func (e *env) prime(c consumer) {
 // ErrDeliveryEnded.
 func failedOnceWhenDeliveryEnds(t *testing.T, h Harness) {
 	e := setup(t, h)
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	e.prime(c)
 	h.EndDelivery(t, e.b)
 	select {
@@ -68,7 +68,7 @@ func failedOnceWhenDeliveryEnds(t *testing.T, h Harness) {
 // then ends from outside.
 func failedNeverAfterStop(t *testing.T, h Harness) {
 	e := setup(t, h)
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	e.prime(c)
 	c.stop()
 	h.EndDelivery(t, e.b)
@@ -134,7 +134,7 @@ func consumeAfterClose(t *testing.T, h Harness) {
 // closeStopsConsume: Close stops a running Consume; it reports nothing on failed.
 func closeStopsConsume(t *testing.T, h Harness) {
 	e := setup(t, h)
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	e.prime(c)
 	require.NoError(t, e.b.Close())
 	noFailure(t, c.failed)

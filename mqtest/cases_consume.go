@@ -37,7 +37,7 @@ func eachTenantInOrder(t *testing.T, h Harness) {
 		e.publish(topic(Acme, "a", ""), fmt.Sprint(i))
 		e.publish(topic(Globex, "b", fmt.Sprintf("s%d", i%3)), fmt.Sprint(i))
 	}
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	got := byTenant(next(t, c.deliveries, 2*n))
 	assert.Equal(t, seq("", n), got[Acme], "acme's order")
 	assert.Equal(t, seq("", n), got[Globex], "globex's order")
@@ -49,7 +49,7 @@ func eachTenantInOrder(t *testing.T, h Harness) {
 func redeliveredOnce(t *testing.T, h Harness, settle func(e *env, m *mq.Message) error) {
 	e := setup(t, h)
 	var calls counter
-	c := e.consume(nil, mq.ConsumerConfig{}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{}, func(m *mq.Message) error {
 		if calls.inc(string(m.Data)) == 1 {
 			return settle(e, m)
 		}
@@ -97,7 +97,7 @@ func ackWaitRedelivers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "t", ""), "acked")
 	e.publish(topic(Acme, "t", ""), "left")
-	c := e.consume(nil, mq.ConsumerConfig{AckWait: 200 * time.Millisecond}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{AckWait: 200 * time.Millisecond}, func(m *mq.Message) error {
 		if string(m.Data) == "acked" {
 			return e.ackEach(m)
 		}
@@ -127,7 +127,7 @@ func configuresDurables(t *testing.T, h Harness) {
 		return
 	}
 	held := make(chan *mq.Message, 1)
-	c := e.consume(nil, mq.ConsumerConfig{AckWait: time.Hour, MaxAckPending: 1}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{AckWait: time.Hour, MaxAckPending: 1}, func(m *mq.Message) error {
 		if string(m.Data) == "first" {
 			select {
 			case held <- m:
@@ -158,7 +158,7 @@ func atLeastOnceAcrossStop(t *testing.T, h Harness) {
 	for _, d := range []string{"acked-1", "acked-2", "left"} {
 		e.publish(tp, d)
 	}
-	first := e.consume(nil, cfg, func(m *mq.Message) error {
+	first := e.consume(cfg, func(m *mq.Message) error {
 		if string(m.Data) != "left" {
 			return e.ackEach(m)
 		}
@@ -173,7 +173,7 @@ func atLeastOnceAcrossStop(t *testing.T, h Harness) {
 	if h.Caps.AckWaitRedelivers {
 		want["left"] = true
 	}
-	second := e.consume(nil, cfg, e.ackEach)
+	second := e.consume(cfg, e.ackEach)
 	got := map[string]bool{}
 	deadline := time.After(wait)
 	for len(got) < len(want) {
@@ -217,7 +217,7 @@ func prefetchDeliversAll(t *testing.T, h Harness, prefetch int) {
 			e.publish(topic(id, "t", ""), fmt.Sprint(i))
 		}
 	}
-	c := e.consumeWith(nil, mq.ConsumerConfig{}, prefetch, e.ackEach)
+	c := e.consumeCtx(e.ctx, mq.ConsumerConfig{}, prefetch, e.ackEach)
 	got := byTenant(next(t, c.deliveries, per*len(tenants)))
 	for _, id := range tenants {
 		assert.Equal(t, seq("", per), got[id], "tenant %s with prefetch %d", id, prefetch)
@@ -235,7 +235,7 @@ func prefetchZero(t *testing.T, h Harness) { prefetchDeliversAll(t, h, 0) }
 // consumeSeesALaterTenant: a tenant budgeted after Consume started is delivered too.
 func consumeSeesALaterTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	e.publish(topic(Acme, "t", ""), "prime")
 	assert.Equal(t, "prime", next(t, c.deliveries, 1)[0].data)
 	const later mq.TenantID = "initech"
@@ -250,7 +250,7 @@ func consumeSeesALaterTenant(t *testing.T, h Harness) {
 // still run for what was in flight, but not for events published afterwards.
 func stopEndsDelivery(t *testing.T, h Harness) {
 	e := setup(t, h)
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	tp := topic(Acme, "t", "")
 	e.publish(tp, "prime")
 	assert.Equal(t, "prime", next(t, c.deliveries, 1)[0].data)

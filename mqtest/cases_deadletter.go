@@ -45,7 +45,7 @@ func assertCounts(t *testing.T, want map[string]uint64, total uint64, got mq.Dea
 func deadLetterKeepsTheTopicAndDoesNotAck(t *testing.T, h Harness) {
 	e := setup(t, h)
 	var calls counter
-	c := e.consume(nil, mq.ConsumerConfig{}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{}, func(m *mq.Message) error {
 		if calls.inc(string(m.Data)) > 1 {
 			return e.ackEach(m)
 		}
@@ -112,7 +112,7 @@ func deadLettersKeepContents(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, hardTable, hardScope)
 	parked := make(chan struct{}, 1)
-	c := e.consume(nil, mq.ConsumerConfig{}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{}, func(m *mq.Message) error {
 		if err := e.b.DeadLetter(e.ctx, m, mq.WithHeader("X-Error", "bad row"), mq.WithHeader("X-Error", "again")); err != nil {
 			e.errorf("dead letter: %v", err)
 			return nil
@@ -169,7 +169,7 @@ func deadLetterThenAck(t *testing.T, h Harness) {
 		cfg.AckWait = 200 * time.Millisecond // an unacked original would come back
 		watch = 3 * quiet
 	}
-	c := e.consume(nil, cfg, func(m *mq.Message) error {
+	c := e.consume(cfg, func(m *mq.Message) error {
 		if err := e.b.DeadLetter(e.ctx, m, mq.WithHeader("X-Error", "poison")); err != nil {
 			e.errorf("dead letter: %v", err)
 			return nil
@@ -180,7 +180,7 @@ func deadLetterThenAck(t *testing.T, h Harness) {
 	assert.Equal(t, "poison", next(t, c.deliveries, 1)[0].data)
 	noneFor(t, c.deliveries, watch)
 	c.stop()
-	again := e.consume(nil, cfg, e.ackEach)
+	again := e.consume(cfg, e.ackEach)
 	e.publish(topic(Acme, "t", ""), "fence")
 	assert.Equal(t, "fence", next(t, again.deliveries, 1)[0].data, "the parked and acked original came back")
 	none(t, again.deliveries)

@@ -37,7 +37,7 @@ func subscribeCarriesTheTraceContext(t *testing.T, h Harness) {
 	spanID, err := trace.SpanIDFromHex("00f067aa0ba902b7")
 	require.NoError(t, err)
 	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
-	hub := e.subscribe(nil, "hub-bridge")
+	hub := e.subscribe("hub-bridge")
 	pctx := trace.ContextWithSpanContext(e.ctx, sc)
 	require.NoError(t, e.b.Publish(pctx, topic(Acme, "traced", ""), []byte("traced"), mq.WithHeader("X-Custom", "yes")))
 
@@ -55,7 +55,7 @@ func subscribeCarriesTheTraceContext(t *testing.T, h Harness) {
 // subscribeSeesEveryTenant: one subscription sees every tenant's events.
 func subscribeSeesEveryTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "every-tenant")
+	hub := e.subscribe("every-tenant")
 	e.publish(topic(Acme, "t", ""), "acme")
 	e.publish(topic(Globex, "t", ""), "globex")
 	got := next(t, hub, 2)
@@ -68,7 +68,7 @@ func subscribeSeesEveryTenant(t *testing.T, h Harness) {
 // across its tables and scopes.
 func subscribeEachTenantInOrder(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "order")
+	hub := e.subscribe("order")
 	const n = 50
 	for i := range n {
 		e.publish(topic(Acme, fmt.Sprintf("t%d", i%3), ""), fmt.Sprint(i))
@@ -85,7 +85,7 @@ func subscribeOnlyAfter(t *testing.T, h Harness) {
 	tp := topic(Acme, "t", "")
 	e.publish(tp, "before")
 	e.replayReaches(tp, 1)
-	hub := e.subscribe(nil, "only-after")
+	hub := e.subscribe("only-after")
 	e.publish(tp, "after")
 	assert.Equal(t, "after", next(t, hub, 1)[0].data)
 	none(t, hub)
@@ -94,9 +94,9 @@ func subscribeOnlyAfter(t *testing.T, h Harness) {
 // twoSubscribers: two subscriptions (same name or not) each get every event.
 func twoSubscribers(t *testing.T, h Harness) {
 	e := setup(t, h)
-	a := e.subscribe(nil, "pod")
-	b := e.subscribe(nil, "pod")
-	c := e.subscribe(nil, "other-pod")
+	a := e.subscribe("pod")
+	b := e.subscribe("pod")
+	c := e.subscribe("other-pod")
 	for i := range 5 {
 		e.publish(topic(Acme, "t", ""), fmt.Sprint(i))
 	}
@@ -111,8 +111,8 @@ func twoSubscribers(t *testing.T, h Harness) {
 func subscribeStopsWithItsContext(t *testing.T, h Harness) {
 	e := setup(t, h)
 	ctx, cancel := context.WithCancel(e.ctx)
-	hub := e.subscribe(ctx, "cancelled")
-	other := e.subscribe(nil, "still-running")
+	hub := e.subscribeCtx(ctx, "cancelled")
+	other := e.subscribe("still-running")
 	tp := topic(Acme, "t", "")
 	e.publish(tp, "live")
 	assert.Equal(t, "live", next(t, hub, 1)[0].data)
@@ -157,7 +157,7 @@ func subscribeHandlerError(t *testing.T, h Harness) {
 // subscribeSeesALaterTenant: a tenant budgeted after Subscribe started reaches it.
 func subscribeSeesALaterTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "later-tenant")
+	hub := e.subscribe("later-tenant")
 	e.publish(topic(Acme, "t", ""), "prime")
 	assert.Equal(t, "prime", next(t, hub, 1)[0].data)
 	const later mq.TenantID = "initech"

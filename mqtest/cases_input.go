@@ -47,7 +47,7 @@ func (e *env) noSend(m *mq.Message) bool {
 // ErrQueueFull.
 func refusesATopicWithoutATenant(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "no-tenant")
+	hub := e.subscribe("no-tenant")
 	for _, tenant := range []mq.TenantID{"", "a.b", "*"} {
 		tp := topic(tenant, "t", "")
 		err := e.b.Publish(e.ctx, tp, []byte("x"))
@@ -72,7 +72,7 @@ var invalidTenants = []mq.TenantID{
 // longest valid tenant is not.
 func refusesEveryInvalidTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "invalid-tenants")
+	hub := e.subscribe("invalid-tenants")
 	for _, tenant := range invalidTenants {
 		tp := topic(tenant, "t", "s")
 		err := e.b.Publish(e.ctx, tp, []byte("x"))
@@ -96,7 +96,7 @@ func refusesEveryInvalidTenant(t *testing.T, h Harness) {
 // refusesAnEmptyTable: a topic without a table is ErrInvalidTopic, not a tenant error.
 func refusesAnEmptyTable(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "empty-table")
+	hub := e.subscribe("empty-table")
 	for _, tp := range []mq.Topic{topic(Acme, "", ""), topic(Acme, "", "scope")} {
 		err := e.b.Publish(e.ctx, tp, []byte("x"))
 		assert.ErrorIs(t, err, mq.ErrInvalidTopic, "publish %+v", tp)
@@ -116,7 +116,7 @@ const maxKey = 2048
 // delivered on every path.
 func refusesALongKey(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "long-keys")
+	hub := e.subscribe("long-keys")
 	prefix := len(Acme) + 1
 	for _, tp := range []mq.Topic{
 		topic(Acme, strings.Repeat(".", 3000), ""),
@@ -142,7 +142,7 @@ func refusesALongKey(t *testing.T, h Harness) {
 	assert.Equal(t, atLimit, d.topic)
 	e.replayReaches(atLimit, 1)
 	assert.Equal(t, []string{"at the limit"}, e.replay(atLimit, time.Time{}))
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	assert.Equal(t, []string{"fence", "at the limit"}, datas(next(t, c.deliveries, 2)))
 }
 
@@ -151,7 +151,7 @@ func refusesALongKey(t *testing.T, h Harness) {
 func refusesATooLargePayload(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "big", "")
-	hub := e.subscribe(nil, "big")
+	hub := e.subscribe("big")
 	err := e.b.Publish(e.ctx, tp, bytes.Repeat([]byte("x"), h.tooLarge()))
 	require.Error(t, err, "publish %d bytes", h.tooLarge())
 	assert.ErrorIs(t, err, mq.ErrPayloadTooLarge)
@@ -172,7 +172,7 @@ func refusesATooLargePayload(t *testing.T, h Harness) {
 func refusesAReservedHeader(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "hdr", "")
-	hub := e.subscribe(nil, "reserved")
+	hub := e.subscribe("reserved")
 	for _, key := range []string{"Nats-Rollup", "Nats-Expected-Stream", "Nats-TTL"} {
 		err := e.b.Publish(e.ctx, tp, []byte("x"), mq.WithHeader(key, "all"))
 		require.Error(t, err, "publish with header %s", key)

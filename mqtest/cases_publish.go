@@ -48,7 +48,7 @@ func roundTrip(t *testing.T, h Harness) {
 		e.publish(tp, fmt.Sprint(i))
 	}
 	ctx := context.WithValue(e.ctx, markerKey{}, "marked")
-	c := e.consume(ctx, mq.ConsumerConfig{MaxAckPending: 100}, e.ackEach)
+	c := e.consumeCtx(ctx, mq.ConsumerConfig{MaxAckPending: 100}, 16, e.ackEach)
 	got := next(t, c.deliveries, len(topics))
 	seen := map[string]bool{}
 	for _, d := range got {
@@ -81,7 +81,7 @@ func topicDecodesHardNames(t *testing.T, h Harness) {
 		topic(Globex, "*", ">"),
 		topic(Globex, "a b\tc\r\n", "-_-"),
 	}
-	hub := e.subscribe(nil, "hard-names")
+	hub := e.subscribe("hard-names")
 	for i, tp := range topics {
 		e.publish(tp, fmt.Sprint(i))
 	}
@@ -97,7 +97,7 @@ func topicDecodesHardNames(t *testing.T, h Harness) {
 		require.NoError(t, err)
 		check("subscribe", i, d.topic, d.msg.TopicKey())
 	}
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	for _, d := range next(t, c.deliveries, len(topics)) {
 		var i int
 		_, err := fmt.Sscan(d.data, &i)
@@ -123,7 +123,7 @@ func topicDecodesHardNames(t *testing.T, h Harness) {
 func concurrentPublishers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	const publishers, each = 32, 20
-	hub := e.subscribe(nil, "concurrent")
+	hub := e.subscribe("concurrent")
 	topicOf := func(p int) mq.Topic {
 		if p%2 == 0 {
 			return topic(Acme, "conc", "")
@@ -162,7 +162,7 @@ func concurrentPublishers(t *testing.T, h Harness) {
 	inOrder("subscribe", datas(next(t, hub, publishers*each)))
 	none(t, hub)
 
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	inOrder("consume", datas(next(t, c.deliveries, publishers*each)))
 	none(t, c.deliveries)
 
@@ -192,7 +192,7 @@ func idempotencyKeyStoresOnce(t *testing.T, h Harness) {
 	e.publish(tp, "two", mq.WithIdempotencyKey("key-2"))
 	e.publish(tp, "fence")
 	assert.Equal(t, []string{"one", "two", "fence"}, e.replayThrough(tp, time.Time{}, "fence"))
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	assert.Equal(t, []string{"one", "two", "fence"}, datas(next(t, c.deliveries, 3)))
 	none(t, c.deliveries)
 }
@@ -222,7 +222,7 @@ func headersRoundTripToConsume(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "hdr", ""), "with headers", publishedHeaders()...)
 	e.publish(topic(Globex, "hdr", ""), "without headers")
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	for _, d := range next(t, c.deliveries, 2) {
 		switch d.data {
 		case "with headers":
@@ -239,7 +239,7 @@ func headersRoundTripToConsume(t *testing.T, h Harness) {
 // headersRoundTripToHubAndReplay: option headers reach the hub and the replay exactly.
 func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hub := e.subscribe(nil, "headers")
+	hub := e.subscribe("headers")
 	tp := topic(Acme, "hdr", "s")
 	e.publish(tp, "with headers", publishedHeaders()...)
 	d := next(t, hub, 1)[0]
@@ -260,13 +260,13 @@ func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 func emptyPayloadRoundTrips(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "empty", "")
-	hub := e.subscribe(nil, "empty")
+	hub := e.subscribe("empty")
 	require.NoError(t, e.b.Publish(e.ctx, tp, nil))
 	require.NoError(t, e.b.Publish(e.ctx, tp, []byte{}))
 	e.publish(tp, "fence")
 	assert.Equal(t, []string{"", "", "fence"}, datas(next(t, hub, 3)))
 	assert.Equal(t, []string{"", "", "fence"}, e.replayThrough(tp, time.Time{}, "fence"))
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	assert.Equal(t, []string{"", "", "fence"}, datas(next(t, c.deliveries, 3)))
 }
 
@@ -275,7 +275,7 @@ func emptyPayloadRoundTrips(t *testing.T, h Harness) {
 func deliveriesCarryTimestamp(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "ts", "")
-	hub := e.subscribe(nil, "ts")
+	hub := e.subscribe("ts")
 	e.publish(tp, "stamped")
 	sane := func(path string, ts time.Time) {
 		t.Helper()
@@ -283,7 +283,7 @@ func deliveriesCarryTimestamp(t *testing.T, h Harness) {
 		assert.WithinDuration(t, time.Now(), ts, time.Hour, "%s: Timestamp", path)
 	}
 	sane("subscribe", next(t, hub, 1)[0].msg.Timestamp)
-	c := e.consume(nil, mq.ConsumerConfig{}, e.ackEach)
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	sane("consume", next(t, c.deliveries, 1)[0].msg.Timestamp)
 	e.replayReaches(tp, 1)
 	require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
@@ -298,13 +298,13 @@ func newBrokersAreIsolated(t *testing.T, h Harness) {
 	a := setup(t, h)
 	b := setup(t, h)
 	tp := topic(Acme, "iso", "")
-	hubB := b.subscribe(nil, "iso")
+	hubB := b.subscribe("iso")
 	a.publish(tp, "on a")
 	a.replayReaches(tp, 1)
 	require.NoError(t, a.b.DeadLetter(a.ctx, mq.NewMessage(a.ctx, tp, []byte("parked on a"))))
 
 	assert.Empty(t, b.replay(tp, time.Time{}), "broker b replays broker a's event")
-	c := b.consume(nil, mq.ConsumerConfig{}, b.ackEach)
+	c := b.consume(mq.ConsumerConfig{}, b.ackEach)
 	none(t, c.deliveries)
 	none(t, hubB)
 	counts, err := b.b.DeadLetterCounts(b.ctx, Acme, "")

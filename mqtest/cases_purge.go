@@ -31,7 +31,7 @@ func (e *env) ackedButLeft(tenants ...mq.TenantID) {
 			e.publish(topic(id, "p", ""), d)
 		}
 	}
-	c := e.consume(nil, mq.ConsumerConfig{}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{}, func(m *mq.Message) error {
 		if string(m.Data) == "left" {
 			return nil
 		}

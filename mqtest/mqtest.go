@@ -290,21 +290,19 @@ type consumer struct {
 	failed     <-chan error
 }
 
-// consume creates Durable (cfg.Durable if set) with ctx and consumes it with a prefetch
-// of 16: handle runs first, then the delivery goes onto the returned channel. stop is
-// registered as cleanup.
-func (e *env) consume(ctx context.Context, cfg mq.ConsumerConfig, handle mq.Handler) consumer {
+// consume creates Durable (cfg.Durable if set) under the case's context and consumes it
+// with a prefetch of 16: handle runs first, then the delivery goes onto the returned
+// channel. stop is registered as cleanup.
+func (e *env) consume(cfg mq.ConsumerConfig, handle mq.Handler) consumer {
 	e.t.Helper()
-	return e.consumeWith(ctx, cfg, 16, handle)
+	return e.consumeCtx(e.ctx, cfg, 16, handle)
 }
 
-func (e *env) consumeWith(ctx context.Context, cfg mq.ConsumerConfig, prefetch int, handle mq.Handler) consumer {
+// consumeCtx is consume with CreateConsumer's context and the prefetch given.
+func (e *env) consumeCtx(ctx context.Context, cfg mq.ConsumerConfig, prefetch int, handle mq.Handler) consumer {
 	e.t.Helper()
 	if cfg.Durable == "" {
 		cfg.Durable = Durable
-	}
-	if ctx == nil {
-		ctx = e.ctx
 	}
 	c, err := e.b.CreateConsumer(ctx, cfg)
 	require.NoError(e.t, err, "create consumer %+v", cfg)
@@ -334,16 +332,16 @@ func (e *env) ackEach(m *mq.Message) error {
 	return nil
 }
 
-// leave is a handler that settles nothing.
-func leave(*mq.Message) error { return nil }
-
-// subscribe subscribes with ctx (the case's if nil) and pushes every delivery onto the
+// subscribe subscribes under the case's context and pushes every delivery onto the
 // returned channel.
-func (e *env) subscribe(ctx context.Context, name string) <-chan delivery {
+func (e *env) subscribe(name string) <-chan delivery {
 	e.t.Helper()
-	if ctx == nil {
-		ctx = e.ctx
-	}
+	return e.subscribeCtx(e.ctx, name)
+}
+
+// subscribeCtx is subscribe under ctx.
+func (e *env) subscribeCtx(ctx context.Context, name string) <-chan delivery {
+	e.t.Helper()
 	ch := make(chan delivery, deliveryBuffer)
 	require.NoError(e.t, e.b.Subscribe(ctx, name, func(m *mq.Message) error {
 		if e.live() {
