@@ -649,3 +649,36 @@ func boolGauge(b bool) int64 {
 	}
 	return 0
 }
+
+// CheckNATS connects as cfg says and verifies the topology once, without waiting for
+// it to match: the check an operator runs before deploying. It waits up to
+// TopologyWait for the connection; a cluster never reached is ErrUnavailable.
+func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
+	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	probe := &ExternalNATS{log: cmp.Or(cfg.Logger, slog.Default()), closedCh: make(chan struct{})}
+	probe.closing.Store(true) // a one-shot check has no disconnects worth a warning
+	opts, err := cfg.options(probe)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connect to %s: %w", ErrUnavailable, redactURLs(cfg.URLs), err)
+	}
+	defer nc.Close()
+	wctx, cancel := context.WithTimeout(ctx, cmp.Or(cfg.TopologyWait, defaultTopologyWait))
+	defer cancel()
+	for !nc.IsConnected() {
+		if sleepCtx(wctx, awaitFirstBackoff) != nil {
+			return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), nc.LastError())
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("nats: jetstream: %w", err)
+	}
+	return VerifyNATSTopology(wctx, js, cfg.NATSTopology)
+}

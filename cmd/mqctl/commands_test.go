@@ -1,0 +1,60 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/wavehouse/mq"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func TestManifestsPrintsTheShippedFileForTheShippedFlags(t *testing.T) {
+	shipped, err := os.ReadFile("../../deployments/nats/jetstream.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runArgs(t, "manifests", "-partitions", "4", "-replicas", "3")
+	if code != 0 || stdout != string(shipped) {
+		t.Fatalf("manifests: exit %d, stderr %s; output differs from the shipped file", code, stderr)
+	}
+	if code, _, stderr := runArgs(t, "manifests", "-prefix", "A.B"); code != 2 || !strings.Contains(stderr, "prefix") {
+		t.Fatalf("a bad prefix: exit %d, stderr %s", code, stderr)
+	}
+}
+
+func TestPermissionsPrintsTheApplicationUsersBlock(t *testing.T) {
+	code, stdout, _ := runArgs(t, "permissions")
+	if code != 0 || !strings.Contains(stdout, "permissions:") || !strings.Contains(stdout, "$JS.API.CONSUMER.MSG.NEXT.*.wh-ingest") {
+		t.Fatalf("permissions: exit %d, output:\n%s", code, stdout)
+	}
+}
+
+// TestCheckPrintsEveryFindingAndFailsOnARequiredOne runs the check against an embedded
+// broker listening on loopback: its own topology passes with the one-replica
+// recommendations, and a process configured for more partitions than exist fails.
+func TestCheckPrintsEveryFindingAndFailsOnARequiredOne(t *testing.T) {
+	e, err := mq.NewEmbedded(t.Context(), mq.EmbeddedOptions{StoreDir: t.TempDir(), ListenAddr: "127.0.0.1:0", NoSync: true,
+		Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	code, stdout, stderr := runArgs(t, "check", "-url", e.ClientURL())
+	if code != 0 || !strings.Contains(stdout, "4 findings, 0 required") || !strings.Contains(stdout, "num_replicas") {
+		t.Fatalf("check: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	code, stdout, _ = runArgs(t, "check", "-url", e.ClientURL(), "-partitions", "6")
+	if code != 1 || !strings.Contains(stdout, "required: ingest partition 5: subjects") {
+		t.Fatalf("check -partitions 6: exit %d\nstdout:\n%s", code, stdout)
+	}
+	if code, _, stderr := runArgs(t, "check"); code != 2 || !strings.Contains(stderr, "-url is required") {
+		t.Fatalf("check without -url: exit %d, stderr %s", code, stderr)
+	}
+	if code, _, stderr := runArgs(t, "check", "-url", "nats://u:secret@127.0.0.1:1"); code != 1 || strings.Contains(stderr, "secret") {
+		t.Fatalf("inline credentials: exit %d, stderr %s", code, stderr)
+	}
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code = run(ctx, &env{stdout: &out, stderr: &errOut}, args)
+	return code, out.String(), errOut.String()
+}
+
+func TestUsageListsCommands(t *testing.T) {
+	code, stdout, _ := runArgs(t, "help")
+	if code != 0 || !strings.Contains(stdout, "demo ") {
+		t.Fatalf("help: exit %d, output:\n%s", code, stdout)
+	}
+	if code, _, stderr := runArgs(t); code != 2 || !strings.Contains(stderr, "commands:") {
+		t.Fatalf("no command: exit %d, stderr:\n%s", code, stderr)
+	}
+	if code, _, stderr := runArgs(t, "nope"); code != 2 || !strings.Contains(stderr, `unknown command "nope"`) {
+		t.Fatalf("unknown command: exit %d, stderr:\n%s", code, stderr)
+	}
+}
+
+func TestDemoFlags(t *testing.T) {
+	if code, _, stderr := runArgs(t, "demo", "-h"); code != 0 || !strings.Contains(stderr, "-timeout") {
+		t.Fatalf("demo -h: exit %d, stderr:\n%s", code, stderr)
+	}
+	if code, _, _ := runArgs(t, "demo", "-events", "3"); code != 2 {
+		t.Fatalf("demo -events 3: exit %d, want 2", code)
+	}
+	if code, _, _ := runArgs(t, "demo", "extra"); code != 2 {
+		t.Fatalf("demo extra: exit %d, want 2", code)
+	}
+}
+
+// TestDemo runs a small demo end to end: every count must match.
+func TestDemo(t *testing.T) {
+	code, stdout, stderr := runArgs(t, "demo", "-events", "30", "-timeout", "90s")
+	if code != 0 || !strings.Contains(stdout, "PASS: every count matches") {
+		t.Fatalf("demo: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if strings.Contains(stdout, "MISMATCH") {
+		t.Fatalf("demo passed with a mismatch:\n%s", stdout)
+	}
+}

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/wavehouse/mq"
+)
+
+func init() {
+	register(command{
+		name:    "manifests",
+		summary: "print the NACK Stream and Consumer resources of the NATS topology (deployments/nats/jetstream.yaml)",
+		usage:   "[-partitions n] [-replicas n] [-prefix p]",
+		run:     runManifests,
+	})
+	register(command{
+		name:    "permissions",
+		summary: "print the permissions block of the restricted application user for the NATS Helm values",
+		usage:   "[-prefix p] [-history name] [-ingest-consumer name]",
+		run:     runPermissions,
+	})
+}
+
+func runManifests(_ context.Context, e *env, args []string) int {
+	c := commands["manifests"]
+	fs := c.flags(e)
+	var topo mq.NATSTopology
+	fs.IntVar(&topo.Partitions, "partitions", 4, "ingest partitions `n`")
+	fs.IntVar(&topo.Replicas, "replicas", 3, "replicas of every stream")
+	fs.StringVar(&topo.Prefix, "prefix", "wh", "subject prefix, one token of [a-z0-9_-]")
+	if code := parse(fs, args); code >= 0 {
+		return code
+	}
+	if err := mq.WriteNATSManifests(e.stdout, topo); err != nil {
+		fmt.Fprintf(e.stderr, "mqctl manifests: %v\n", err)
+		return 2
+	}
+	return 0
+}
+
+func runPermissions(_ context.Context, e *env, args []string) int {
+	c := commands["permissions"]
+	fs := c.flags(e)
+	var topo mq.NATSTopology
+	fs.StringVar(&topo.Prefix, "prefix", "wh", "subject prefix, one token of [a-z0-9_-]")
+	fs.StringVar(&topo.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
+	fs.StringVar(&topo.IngestConsumer, "ingest-consumer", "", "the ingest durable (default wh-ingest)")
+	if code := parse(fs, args); code >= 0 {
+		return code
+	}
+	if err := mq.WriteNATSPermissions(e.stdout, topo); err != nil {
+		fmt.Fprintf(e.stderr, "mqctl permissions: %v\n", err)
+		return 2
+	}
+	return 0
+}
