@@ -3,7 +3,6 @@ package mq
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -402,9 +401,6 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 
 // Subscribe runs the hub: an ordered consumer on the history from now on.
 func (e *EmbeddedNATS) Subscribe(ctx context.Context, _ string, handler Handler) error {
-	if handler == nil {
-		return errors.New("subscribe: nil handler")
-	}
 	return e.core.subscribe(ctx, handler)
 }
 

@@ -368,9 +368,6 @@ func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 // Subscribe runs the hub: an ordered, ack-less consumer on the history from now on.
 // The name is ignored: every process needs every event. A handler error is logged.
 func (e *ExternalNATS) Subscribe(ctx context.Context, _ string, handler Handler) error {
-	if handler == nil {
-		return errors.New("subscribe: nil handler")
-	}
 	return e.core.subscribe(ctx, handler)
 }
 

@@ -32,20 +32,14 @@ func authServer(t *testing.T, opts *server.Options, adminOpts ...nats.Option) st
 	t.Helper()
 	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
 	opts.JetStream, opts.StoreDir, opts.JetStreamMaxStore = true, filepath.Join(t.TempDir(), "js"), maxStore
-	f := &natsFixture{opts: opts}
-	srv, err := server.NewServer(opts)
-	require.NoError(t, err)
-	srv.Start()
-	require.True(t, srv.ReadyForConnections(10*time.Second))
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	f.srv = srv
-	nc, err := nats.Connect(srv.ClientURL(), adminOpts...)
+	f := &natsFixture{opts: opts, srv: runServer(t, opts)}
+	nc, err := nats.Connect(f.srv.ClientURL(), adminOpts...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	f.admin, err = jetstream.New(nc)
 	require.NoError(t, err)
 	f.apply(t, shapeOf(NATSTopology{}))
-	return srv.ClientURL()
+	return f.srv.ClientURL()
 }
 
 func authConfig(url string) NATSConfig {

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
@@ -70,12 +69,7 @@ func (f *natsFixture) stop(t *testing.T) {
 // restart starts a server again on the same port and store.
 func (f *natsFixture) restart(t *testing.T) {
 	t.Helper()
-	srv, err := server.NewServer(f.opts.Clone())
-	require.NoError(t, err)
-	srv.Start()
-	require.True(t, srv.ReadyForConnections(10*time.Second))
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	f.srv = srv
+	f.srv = runServer(t, f.opts.Clone())
 }
 
 // streamMsgs counts what a stream holds, read as the operator.

@@ -319,6 +319,9 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
+	if handler == nil {
+		return errors.New("subscribe: nil handler")
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

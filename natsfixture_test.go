@@ -39,13 +39,20 @@ func newNATSFixture(t *testing.T) *natsFixture {
 	return f
 }
 
-func (f *natsFixture) start(t *testing.T) {
+// runServer starts a server from opts and shuts it down at cleanup.
+func runServer(t *testing.T, opts *server.Options) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(f.opts)
+	srv, err := server.NewServer(opts)
 	require.NoError(t, err)
 	srv.Start()
 	require.True(t, srv.ReadyForConnections(10*time.Second), "nats server not ready")
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
+}
+
+func (f *natsFixture) start(t *testing.T) {
+	t.Helper()
+	srv := runServer(t, f.opts)
 	f.srv = srv
 	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	require.NoError(t, err)

@@ -110,13 +110,7 @@ func newValuesFixture(t *testing.T) *natsFixture {
 	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
 	opts.JetStream, opts.StoreDir = true, filepath.Join(dir, "js")
 	opts.JetStreamMaxStore = parseSize(t, v.Config.JetStream.FileStore.PVC.Size)
-	f := &natsFixture{opts: opts}
-	srv, err := server.NewServer(opts)
-	require.NoError(t, err)
-	srv.Start()
-	require.True(t, srv.ReadyForConnections(10*time.Second))
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	f.srv = srv
+	f := &natsFixture{opts: opts, srv: runServer(t, opts)}
 	f.nc = f.connect(t, operatorUser)
 	f.admin, err = jetstream.New(f.nc)
 	require.NoError(t, err)
