@@ -450,11 +450,7 @@ func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, ta
 
 // ReplaySince replays topic from the history.
 func (e *EmbeddedNATS) ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
-	subject, _, err := e.subs.ingestTopic(topic)
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-	return e.core.replay(ctx, subject, since, send)
+	return e.core.replay(ctx, topic, since, send)
 }
 
 // SetMaxBytes records tenant's budget in the store and enforces it from now on.

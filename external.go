@@ -415,11 +415,7 @@ func (e *ExternalNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, ta
 
 // ReplaySince replays topic from the history.
 func (e *ExternalNATS) ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
-	subject, _, err := e.core.subs.ingestTopic(topic)
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-	return e.core.replay(ctx, subject, since, send)
+	return e.core.replay(ctx, topic, since, send)
 }
 
 // PurgeAcked removes nothing: the partitions drop an event once acknowledged and the

@@ -388,11 +388,15 @@ func (c *natsCore) mapRequestError(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// replay sends every event of subject in the history stored at or after since, up to
+// replay sends every event of topic in the history stored at or after since, up to
 // the count the server reported when the replay's consumer was made.
-func (c *natsCore) replay(ctx context.Context, subject string, since time.Time, send func(*Message) bool) error {
+func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
 	if err := c.checkOpen(); err != nil {
 		return err
+	}
+	subject, _, err := c.subs.ingestTopic(topic)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return err

@@ -107,7 +107,7 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 		t.Fatal("the hub saw nothing")
 	}
 	var replayed []string
-	require.NoError(t, c.replay(ctx, subject, time.Time{}, func(m *Message) bool {
+	require.NoError(t, c.replay(ctx, topic, time.Time{}, func(m *Message) bool {
 		replayed = append(replayed, string(m.Data))
 		return true
 	}), "replay")
