@@ -15,7 +15,7 @@ TOOL     := $(GO) tool -modfile=tools/go.mod
 COVERDIR := tmp/coverage
 PROFILE  := $(COVERDIR)/coverage.out
 
-.PHONY: all ci lint test test-integration cover fuzz demo clean
+.PHONY: all ci lint test test-integration cover fuzz bench demo clean
 
 all: ci
 
@@ -70,6 +70,13 @@ cover:
 # fuzz: a short run of the topic key fuzz target; not part of ci.
 fuzz:
 	$(GO) test -run XXX -fuzz '^FuzzTopicKey$$' -fuzztime 20s .
+
+# bench: each path of EmbeddedNATS against raw nats.go on the same server in the same
+# run; benchstat prints the library's cost as a ratio (column impl). Not part of ci.
+bench:
+	@mkdir -p tmp
+	$(GO) test -run '^$$' -bench . -count 6 . | tee tmp/bench.txt
+	$(TOOL) benchstat -col /impl tmp/bench.txt
 
 demo:
 	$(GO) run ./cmd/mqctl demo
