@@ -112,6 +112,7 @@ type ExternalNATS struct {
 	historyMaxAge time.Duration
 	windowsWarned map[TenantID]time.Duration
 	sources       map[string]sourceState
+	held          map[string]int64 // by partition stream: acked events kept for the history
 	closeOnce     sync.Once
 }
 
@@ -273,7 +274,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	e := &ExternalNATS{
 		cfg: cfg, topo: cfg.NATSTopology, log: cmp.Or(cfg.Logger, slog.Default()),
 		closedCh: make(chan struct{}), budgets: map[TenantID]int64{},
-		windowsWarned: map[TenantID]time.Duration{}, sources: map[string]sourceState{},
+		windowsWarned: map[TenantID]time.Duration{}, sources: map[string]sourceState{}, held: map[string]int64{},
 	}
 	opts, err := cfg.options(e)
 	if err != nil {
@@ -562,7 +563,8 @@ func (e *ExternalNATS) recheck(ctx context.Context) {
 	}
 }
 
-// pollHistory reads the history's max age and each source's lag and last contact.
+// pollHistory reads the history's max age, each source's lag and last contact, and
+// what each partition holds only for the history.
 func (e *ExternalNATS) pollHistory(ctx context.Context) {
 	if !e.nc.IsConnected() {
 		return
@@ -581,10 +583,34 @@ func (e *ExternalNATS) pollHistory(ctx context.Context) {
 	for _, src := range info.Sources {
 		sources[src.Name] = sourceState{lag: int64(min(src.Lag, uint64(maxLag))), active: activeSeconds(src.Active)}
 	}
+	held := e.heldForHistory(cctx)
 	e.mu.Lock()
 	e.historyMaxAge = info.Config.MaxAge
 	e.sources = sources
+	e.held = held
 	e.mu.Unlock()
+}
+
+// heldForHistory counts, per partition, the events the worker acknowledged that the
+// partition still holds: the history's source has not copied them. Measured: a
+// history that refuses writes (full, discard new) keeps its source's reported lag at 0
+// while acknowledged events pile up on the partition, so the lag gauge alone misses
+// that stall; this one shows it.
+func (e *ExternalNATS) heldForHistory(ctx context.Context) map[string]int64 {
+	held := make(map[string]int64, len(e.core.partitions))
+	for _, name := range e.core.partitions {
+		s, err := e.js.Stream(ctx, name)
+		if err != nil {
+			continue
+		}
+		c, err := s.Consumer(ctx, e.topo.IngestConsumer)
+		if err != nil {
+			continue
+		}
+		ci := c.CachedInfo()
+		held[name] = max(0, int64(s.CachedInfo().State.Msgs)-int64(ci.NumPending)-int64(ci.NumAckPending))
+	}
+	return held
 }
 
 // activeSeconds converts a source's time since last contact to seconds; the server
@@ -619,6 +645,11 @@ func (e *ExternalNATS) registerMetrics(mp metric.MeterProvider) error {
 	if err != nil {
 		return err
 	}
+	held, err := meter.Int64ObservableGauge("wavehouse_mq_partition_held_for_history",
+		metric.WithDescription("Events the worker acknowledged that a partition still holds because the history has not copied them."))
+	if err != nil {
+		return err
+	}
 	e.metrics, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(connected, boolGauge(e.nc.IsConnected()))
 		o.ObserveInt64(ok, boolGauge(e.topologyOK.Load()))
@@ -629,8 +660,11 @@ func (e *ExternalNATS) registerMetrics(mp metric.MeterProvider) error {
 			o.ObserveInt64(lag, s.lag, attrs)
 			o.ObserveFloat64(active, s.active, attrs)
 		}
+		for name, n := range e.held {
+			o.ObserveInt64(held, n, metric.WithAttributes(attribute.String("stream", name)))
+		}
 		return nil
-	}, connected, ok, lag, active)
+	}, connected, ok, lag, active, held)
 	return err
 }
 
