@@ -94,8 +94,18 @@ func VerifyNATSTopology(ctx context.Context, js jetstream.JetStream, topo NATSTo
 	if err := topo.Validate(); err != nil {
 		return nil, err
 	}
+	return newVerifier(js, topo).run(ctx)
+}
+
+func newVerifier(js jetstream.JetStream, topo NATSTopology) *verifier {
 	v := &verifier{topo: topo, subs: topo.subjects(), js: js}
-	v.checkServer(js.Conn().ConnectedServerVersion())
+	v.holders = v.streamsHolding
+	return v
+}
+
+// run performs one check.
+func (v *verifier) run(ctx context.Context) ([]Finding, error) {
+	v.checkServer(v.js.Conn().ConnectedServerVersion())
 	if err := v.checkPartitions(ctx); err != nil {
 		return nil, err
 	}
@@ -142,9 +152,11 @@ func AwaitNATSTopology(ctx context.Context, js jetstream.JetStream, topo NATSTop
 }
 
 type verifier struct {
-	topo     NATSTopology
-	subs     subjects
-	js       jetstream.JetStream
+	topo NATSTopology
+	subs subjects
+	js   jetstream.JetStream
+	// holders lists the streams whose subjects hold a subject.
+	holders  func(ctx context.Context, subject string) ([]string, error)
 	findings []Finding
 	// partitionStreams[p] is the stream found for partition p, "" when none.
 	partitionStreams []string
@@ -222,7 +234,7 @@ func (v *verifier) checkPartitions(ctx context.Context) error {
 	owner := map[string]int{}
 	for p := range v.topo.Partitions {
 		probe := v.subs.ingest(p, "x")
-		names, err := v.streamsHolding(ctx, probe)
+		names, err := v.holders(ctx, probe)
 		if err != nil {
 			return err
 		}
@@ -387,7 +399,7 @@ func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error
 // checkExtraPartitions reports streams holding ingest subjects that are not one of the
 // N partitions: left behind by a lower N, or made by hand.
 func (v *verifier) checkExtraPartitions(ctx context.Context, owner map[string]int) error {
-	names, err := v.streamsHolding(ctx, v.subs.ingestAll())
+	names, err := v.holders(ctx, v.subs.ingestAll())
 	if err != nil {
 		return err
 	}
@@ -469,7 +481,7 @@ func (v *verifier) checkHistory(ctx context.Context) error {
 
 func (v *verifier) checkDeadLetters(ctx context.Context) error {
 	probe := v.subs.deadLetter("x")
-	names, err := v.streamsHolding(ctx, probe)
+	names, err := v.holders(ctx, probe)
 	if err != nil {
 		return err
 	}

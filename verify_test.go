@@ -302,3 +302,40 @@ func TestVerifyNATSTopology_AServerNeverReachedIsAnErrorNotAFinding(t *testing.T
 	assert.NotErrorIs(t, err, ErrTopology)
 	assert.Contains(t, err.Error(), "check nats topology")
 }
+
+// TestVerifyNATSTopology_RulesOnlyARaceOrAnotherAccountCanBreak covers the lookups no
+// single account can break (JetStream refuses two streams with overlapping subjects in
+// one account, and a stream found by subject but gone by name is a race with the
+// operator) by answering the subject lookup with fixed names over a real server.
+func TestVerifyNATSTopology_RulesOnlyARaceOrAnotherAccountCanBreak(t *testing.T) {
+	t.Parallel()
+	f := newNATSFixture(t)
+	s := shapeOf(NATSTopology{})
+	f.apply(t, s)
+	for name, tc := range map[string]struct {
+		subject string
+		names   []string
+		want    finding
+	}{
+		"two streams hold a partition":      {"wh.ingest.1.x", []string{"OTHER", "WH_INGEST_1"}, finding{Required, "ingest partition 1", "subjects"}},
+		"a partition gone by name":          {"wh.ingest.2.x", []string{"GONE"}, finding{Required, "stream GONE", "name"}},
+		"two streams hold the dead letters": {"wh.dlq.x", []string{"OTHER", "WH_DLQ"}, finding{Required, "dead-letter stream", "subjects"}},
+		"a dead-letter stream gone by name": {"wh.dlq.x", []string{"GONE"}, finding{Required, "stream GONE", "name"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := newVerifier(f.admin, s.topo)
+			real := v.holders
+			v.holders = func(ctx context.Context, subject string) ([]string, error) {
+				if subject == tc.subject {
+					return tc.names, nil
+				}
+				return real(ctx, subject)
+			}
+			findings, err := v.run(t.Context())
+			require.NoError(t, err)
+			got := beyondBaseline(s.topo, findings)
+			require.NotEmpty(t, got)
+			assert.Equal(t, tc.want, got[0], "%v", got)
+		})
+	}
+}
