@@ -336,6 +336,9 @@ type Replayer interface {
 	// started: it never chases the live tail, which the caller's subscription already
 	// sees. It stops when send returns false. Running out is a nil end; a failure
 	// before that is an error, never an early nil; a done ctx returns ctx's error.
+	// since is compared with the Timestamp the replayed messages carry (for the NATS
+	// brokers the history's stored time, a little after Publish returned), so take it
+	// from a delivered Message rather than from the caller's clock.
 	ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error
 }
 
