@@ -261,6 +261,13 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 	if err != nil {
 		return fmt.Errorf("stream %s: backlog scan: %w", name, err)
 	}
+	// An ack-less consumer still holds every event past what it delivered on an
+	// interest stream, so the scan must not outlive the boot.
+	defer func() {
+		if info := scan.CachedInfo(); info != nil {
+			e.core.deleteConsumer(name, info.Name)
+		}
+	}()
 	for {
 		batch, err := scan.Fetch(rebuildFetch, jetstream.FetchMaxWait(rebuildWait))
 		if err != nil {
@@ -372,28 +379,20 @@ func (e *EmbeddedNATS) ClientURL() string {
 
 // Publish stores data on the tenant's partition once it fits the tenant's budget.
 func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error {
-	if err := e.core.checkOpen(); err != nil {
+	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
+	if err != nil {
 		return err
 	}
-	subject, p, err := e.subs.ingestTopic(topic)
-	if err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
-	ev, err := e.core.prepare(ctx, subject, e.core.partitions[p], nil, data, opts)
-	if err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
 	id := ev.header.Get(HeaderIdempotencyKey)
-	if id == "" {
-		id = nuid.Next()
-		ev.header.Set(HeaderIdempotencyKey, id)
-	}
-	fresh, err := e.budgets.reserve(topic.Tenant, id, eventSize(subject, userHeaders(nats.Header(ev.header)), len(data)))
+	fresh, err := e.budgets.reserve(topic.Tenant, id, eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(data)))
 	if err != nil {
-		return fmt.Errorf("publish %s: %w", subject, err)
+		return fmt.Errorf("publish %s: %w", ev.subject, err)
 	}
-	ack, err := e.core.send(ctx, ev)
-	if fresh && (err != nil || ack.Duplicate) {
+	ack, retried, err := e.core.send(ctx, ev)
+	// A Duplicate after a retry is this publish's own event, stored by an attempt
+	// whose answer was lost: keep counting it. An error leaves the outcome unknown;
+	// counting stops, and a reopen counts what was stored.
+	if fresh && (err != nil || (ack.Duplicate && !retried)) {
 		e.budgets.release(id)
 	}
 	return err

@@ -140,6 +140,15 @@ func TestEmbeddedNATS_ReopenedStoreLosesNothing(t *testing.T) {
 	assert.Equal(t, int64(2500), e.MaxBytes("acme"), "the budget is kept in the store")
 	require.ErrorIs(t, e.Publish(ctx, topic, payload), ErrQueueFull, "the backlog is counted again after a reopen")
 	assert.Len(t, drain(t, e, 2), 2, "both stored events are delivered after the reopen")
+	part, err := e.js.Stream(ctx, e.topo.PartitionStream(Partition("acme", e.topo.Partitions)))
+	require.NoError(t, err)
+	var names []string
+	for name := range part.ConsumerNames(ctx).Name() {
+		if !strings.HasPrefix(name, "JS_SRC_") { // the history's own source consumer
+			names = append(names, name)
+		}
+	}
+	assert.Equal(t, []string{e.topo.IngestConsumer}, names, "the backlog scan left no consumer holding events")
 	require.NoError(t, e.Publish(ctx, topic, payload))
 }
 
@@ -363,5 +372,62 @@ func TestServerLogger_MapsLevelsAndNeverExits(t *testing.T) {
 	out := buf.String()
 	for _, want := range []string{"level=INFO msg=\"n 1\"", "level=WARN msg=w", "level=ERROR msg=e", "level=ERROR msg=f", "level=DEBUG msg=d", "level=DEBUG msg=t"} {
 		assert.Contains(t, out, want)
+	}
+}
+
+func TestEmbeddedNATS_IdempotencyKeysAreScopedToTheTenant(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	key := WithIdempotencyKey("k")
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("a"), key))
+	require.ErrorIs(t, e.Publish(ctx, Topic{Tenant: "globex", Table: "t"}, []byte("g"), key), ErrQueueFull,
+		"another tenant's key is no way past its missing budget")
+	require.NoError(t, e.SetMaxBytes(ctx, "globex", 1<<20))
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: "globex", Table: "t"}, []byte("g"), key))
+	assert.ElementsMatch(t, []string{"a", "g"}, drain(t, e, 2), "one key, two tenants, two events")
+}
+
+func TestEmbeddedNATS_ADeadLetterWithAnIdempotencyKeyIsParkedOnce(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	msg := NewMessage(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("poison"))
+	for range 2 {
+		require.NoError(t, e.DeadLetter(ctx, msg, WithIdempotencyKey("park-1")))
+	}
+	counts, err := e.DeadLetterCounts(ctx, "acme", "")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), counts.Total)
+}
+
+func TestEmbeddedNATS_OnePartitionsEndEndsTheWholeDelivery(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	a, b := TenantID("acme"), TenantID("b0")
+	for Partition(b, e.topo.Partitions) == Partition(a, e.topo.Partitions) {
+		b += "0"
+	}
+	for _, tenant := range []TenantID{a, b} {
+		require.NoError(t, e.SetMaxBytes(ctx, tenant, 1<<20))
+	}
+	c, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	got := make(chan string, 8)
+	stop, failed, err := c.Consume(func(m *Message) error { got <- string(m.Data); return m.Ack() }, 0)
+	require.NoError(t, err)
+	defer stop()
+	require.NoError(t, e.js.DeleteConsumer(ctx, e.topo.PartitionStream(Partition(a, e.topo.Partitions)), e.topo.IngestConsumer))
+	select {
+	case err := <-failed:
+		require.ErrorIs(t, err, ErrDeliveryEnded)
+	case <-ctx.Done():
+		t.Fatal("no report")
+	}
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: b, Table: "t"}, []byte("after")))
+	select {
+	case d := <-got:
+		t.Fatalf("the ended delivery still delivered %q from another partition", d)
+	case <-time.After(300 * time.Millisecond):
 	}
 }

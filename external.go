@@ -351,18 +351,11 @@ func (e *ExternalNATS) lostTopology(stream string, err error) {
 
 // Publish stores data on the tenant's partition.
 func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error {
-	if err := e.core.checkOpen(); err != nil {
+	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
+	if err != nil {
 		return err
 	}
-	subject, p, err := e.core.subs.ingestTopic(topic)
-	if err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
-	ev, err := e.core.prepare(ctx, subject, e.core.partitions[p], nil, data, opts)
-	if err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
-	_, err = e.core.send(ctx, ev)
+	_, _, err = e.core.send(ctx, ev)
 	return err
 }
 

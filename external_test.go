@@ -466,3 +466,20 @@ func TestRedactURL_HidesPasswords(t *testing.T) {
 	assert.Equal(t, "nats://h:4222", redactURL("nats://h:4222"))
 	assert.NotContains(t, redactURL("u:pw@h:4222"), "pw")
 }
+
+func TestExternalNATS_AnEventOverThePartitionsMessageSizeIsTooLarge(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	ctx := testCtx(t)
+	stream := e.core.partitions[Partition("acme", e.topo.Partitions)]
+	s, err := f.admin.Stream(ctx, stream)
+	require.NoError(t, err)
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgSize = 128
+	_, err = f.admin.UpdateStream(ctx, cfg)
+	require.NoError(t, err)
+	err = e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, make([]byte, 512))
+	require.ErrorIs(t, err, ErrPayloadTooLarge)
+	assert.NotErrorIs(t, err, ErrQueueFull)
+}

@@ -63,7 +63,10 @@ const (
 	errTextMaxBytes         = "maximum bytes exceeded"
 	errTextMaxMsgsPerSubj   = "maximum messages per subject exceeded"
 	errTextMaxMsgs          = "maximum messages exceeded"
+	errTextAccountLimits    = "resource limits exceeded for account"
+	errTextInsufficient     = "insufficient resources"
 	jsErrStreamNotMatchCode = 10060
+	jsErrMsgTooLargeCode    = 10054
 )
 
 func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) *natsCore {
@@ -195,9 +198,11 @@ func userHeaders(h nats.Header) Headers {
 // send publishes ev and waits for the stream's confirmation. Each attempt is bounded by
 // PublishTimeout; an attempt whose answer was lost is sent again, at most twice, with
 // the same message id, so the stream stores it once.
-func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, error) {
+// It also reports whether it sent more than once, so a Duplicate answer can be told
+// from a repeat of the caller's own earlier publish.
+func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck, retried bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	id := ev.header.Get(HeaderIdempotencyKey)
 	if id == "" {
@@ -206,8 +211,9 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 	var lastErr error
 	for attempt := 0; attempt <= publishRetries; attempt++ {
 		if attempt > 0 {
+			retried = true
 			if err := sleepCtx(ctx, publishRetryWait); err != nil {
-				return nil, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
+				return nil, retried, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
 			}
 		}
 		msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
@@ -216,17 +222,40 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 			jetstream.WithMsgID(id), jetstream.WithExpectStream(ev.stream), jetstream.WithRetryAttempts(0))
 		cancel()
 		if err == nil {
-			return ack, nil
+			return ack, retried, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			return nil, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
+			return nil, retried, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
 		}
 		lastErr = err
 		if !noAnswer(err) || c.nc.IsClosed() {
 			break
 		}
 	}
-	return nil, c.mapPublishError(ev, lastErr)
+	return nil, retried, c.mapPublishError(ev, lastErr)
+}
+
+// ingestEvent prepares topic's event for its partition, with a message id: a fresh
+// one, or the caller's idempotency key scoped to the tenant, so two tenants' keys
+// never collide on a shared partition.
+func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, opts []PublishOpt) (outgoing, error) {
+	if err := c.checkOpen(); err != nil {
+		return outgoing{}, err
+	}
+	subject, p, err := c.subs.ingestTopic(topic)
+	if err != nil {
+		return outgoing{}, fmt.Errorf("publish: %w", err)
+	}
+	ev, err := c.prepare(ctx, subject, c.partitions[p], nil, data, opts)
+	if err != nil {
+		return outgoing{}, fmt.Errorf("publish: %w", err)
+	}
+	if key := ev.header.Get(HeaderIdempotencyKey); key != "" {
+		ev.header.Set(HeaderIdempotencyKey, string(topic.Tenant)+"."+key)
+	} else {
+		ev.header.Set(HeaderIdempotencyKey, nuid.Next())
+	}
+	return ev, nil
 }
 
 func cloneHeaders(h Headers) Headers {
@@ -251,8 +280,11 @@ func (c *natsCore) mapPublishError(ev outgoing, err error) error {
 	text := err.Error()
 	switch {
 	case strings.Contains(text, errTextMaxBytes), strings.Contains(text, errTextMaxMsgsPerSubj),
-		strings.Contains(text, errTextMaxMsgs):
+		strings.Contains(text, errTextMaxMsgs), strings.Contains(text, errTextAccountLimits),
+		strings.Contains(text, errTextInsufficient):
 		return fmt.Errorf("%w: stream %s refused %s: %w", ErrQueueFull, ev.stream, ev.subject, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrMsgTooLargeCode:
+		return fmt.Errorf("%w: stream %s refused %s: %w", ErrPayloadTooLarge, ev.stream, ev.subject, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStreamNotMatchCode:
 		c.lostTopology(ev.stream, err)
 		return fmt.Errorf("%w: %s is not stored by stream %s: %w", ErrUnavailable, ev.subject, ev.stream, err)
@@ -325,9 +357,17 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// From the sequence after the last one stored, not "new": an ordered consumer that
+	// resets after a reconnect before its first event would start "new" again and skip
+	// what was stored meanwhile.
+	last, err := c.historyLastSeq(ctx)
+	if err != nil {
+		return c.mapRequestError("subscribe: history "+c.topo.HistoryStream, err)
+	}
 	cons, err := c.js.OrderedConsumer(ctx, c.topo.HistoryStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{c.subs.ingestAll()},
-		DeliverPolicy:     jetstream.DeliverNewPolicy,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       last + 1,
 		InactiveThreshold: ephemeralInactive,
 	})
 	if err != nil {
@@ -389,7 +429,9 @@ func (c *natsCore) mapRequestError(what string, err error) error {
 }
 
 // replay sends every event of topic in the history stored at or after since, up to
-// the count the server reported when the replay's consumer was made.
+// the history's last sequence when the replay began: the count the server reported
+// bounds the batches, and the sequence bound keeps an event that aged out meanwhile
+// from being replaced by one from the live tail.
 func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
 	if err := c.checkOpen(); err != nil {
 		return err
@@ -400,6 +442,10 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	last, err := c.historyLastSeq(ctx)
+	if err != nil {
+		return c.mapRequestError("replay "+subject, err)
 	}
 	cfg := jetstream.ConsumerConfig{
 		AckPolicy:         jetstream.AckNonePolicy,
@@ -428,6 +474,9 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 		for m := range batch.Messages() {
 			got++
 			remaining--
+			if meta, err := m.Metadata(); err == nil && meta.Sequence.Stream > last {
+				return nil // stored after the replay began: the live subscription has it
+			}
 			if !send(c.message(ctx, m, nil)) {
 				return nil
 			}
@@ -451,11 +500,28 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 			if !c.nc.IsConnected() {
 				return fmt.Errorf("%w: replay %s: not connected", ErrUnavailable, subject)
 			}
-			// Connected and nothing came: the history aged out what was left.
-			return nil
+			// Nothing came: done if the history aged out what was left, else a pull
+			// was lost (a quick reconnect) and the next one asks again.
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return c.mapRequestError("replay "+subject, err)
+			}
+			if info.NumPending == 0 {
+				return nil
+			}
+			remaining = min(remaining, info.NumPending)
 		}
 	}
 	return nil
+}
+
+// historyLastSeq is the history's last sequence now.
+func (c *natsCore) historyLastSeq(ctx context.Context) (uint64, error) {
+	s, err := c.js.Stream(ctx, c.topo.HistoryStream)
+	if err != nil {
+		return 0, err
+	}
+	return s.CachedInfo().State.LastSeq, nil
 }
 
 // deleteConsumer removes an ephemeral consumer, best effort: its inactive threshold
@@ -488,8 +554,9 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	if err != nil {
 		return err
 	}
-	delete(ev.header, HeaderIdempotencyKey)
-	_, err = c.send(ctx, ev)
+	// The message's own id was left out with its Nats- headers: an id here is the
+	// caller's idempotency key, and without one the park gets a fresh id.
+	_, _, err = c.send(ctx, ev)
 	return err
 }
 
@@ -623,6 +690,11 @@ func (d *delivery) ended(err error) {
 	}
 	d.reported = true
 	d.failed <- err // buffered for exactly this one report
+	// The whole delivery ends with one partition's: a caller that starts a new Consume
+	// must not end up with two pulls on the other partitions.
+	for _, cc := range d.ccs {
+		cc.Stop()
+	}
 }
 
 func (d *delivery) stop() {

@@ -74,11 +74,9 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	require.NoError(t, c.subscribe(ctx, func(m *Message) error { hub <- m; return nil }))
 
 	topic := Topic{Tenant: "acme", Table: "t", Scope: "s"}
-	subject, p, err := c.subs.ingestTopic(topic)
+	ev, err := c.ingestEvent(ctx, topic, []byte("one"), nil)
 	require.NoError(t, err)
-	ev, err := c.prepare(ctx, subject, c.topo.PartitionStream(p), nil, []byte("one"), nil)
-	require.NoError(t, err)
-	_, err = c.send(ctx, ev)
+	_, _, err = c.send(ctx, ev)
 	require.NoError(t, err, "publish")
 
 	got := make(chan *Message, 4)

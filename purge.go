@@ -81,6 +81,9 @@ func (e *EmbeddedNATS) purgeTenant(ctx context.Context, hist jetstream.Stream, d
 		return false, e.core.mapRequestError("consumer "+durable+" on stream "+name, err)
 	}
 	filter := e.subs.tenantIngest(t)
+	// Never purge past what the history held when this began: a copy arriving
+	// meanwhile may be of an event nobody acknowledged yet.
+	bound := hist.CachedInfo().State.LastSeq + 1
 	first, err := hist.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
@@ -105,14 +108,13 @@ func (e *EmbeddedNATS) purgeTenant(ctx context.Context, hist jetstream.Stream, d
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
 		return false, e.core.mapRequestError("stream "+name+": first unacknowledged event", err)
 	}
-	if keep > 0 && keep <= first.Sequence {
+	if keep == 0 || keep > bound {
+		keep = bound
+	}
+	if keep <= first.Sequence {
 		return false, nil
 	}
-	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(filter)}
-	if keep > 0 {
-		opts = append(opts, jetstream.WithPurgeSequence(keep))
-	}
-	if err := hist.Purge(ctx, opts...); err != nil {
+	if err := hist.Purge(ctx, jetstream.WithPurgeSubject(filter), jetstream.WithPurgeSequence(keep)); err != nil {
 		return false, e.core.mapRequestError("stream "+e.topo.HistoryStream+": purge", err)
 	}
 	e.log.Debug("mq: purged acknowledged history", "tenant", t, "below_seq", keep, "cutoff", cutoff)

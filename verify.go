@@ -390,6 +390,10 @@ func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error
 	if share := max(1, v.topo.Prefetch/v.topo.Partitions); cfg.MaxRequestBatch != 0 && cfg.MaxRequestBatch < share {
 		v.add(Required, obj, "max_request_batch", "is %d, must be 0 or at least the worker's share of the prefetch, %d", cfg.MaxRequestBatch, share)
 	}
+	if cfg.MaxRequestExpires > 0 && cfg.MaxRequestExpires < pullExpiry {
+		v.add(Required, obj, "max_request_expires", "is %s, must be 0 or at least the worker's pull expiry %s: every pull would be refused",
+			cfg.MaxRequestExpires, pullExpiry)
+	}
 	if cfg.PriorityPolicy != jetstream.PriorityPolicyNone {
 		v.add(Required, obj, "priority_policy", "is %v, must be none: the worker pulls every partition itself", cfg.PriorityPolicy)
 	}
@@ -410,7 +414,7 @@ func (v *verifier) checkExtraPartitions(ctx context.Context, owner map[string]in
 		_, err := v.js.Consumer(ctx, name, v.topo.IngestConsumer)
 		switch {
 		case err == nil:
-			v.add(Recommended, "stream "+name, "subjects", "holds ingest subjects but is not one of the %d partitions: the worker drains it through %s; delete it once empty and no process runs the old partition count",
+			v.add(Recommended, "stream "+name, "subjects", "holds ingest subjects but is not one of the %d partitions: only a process still running the old partition count drains it through %s; delete it once empty",
 				v.topo.Partitions, v.topo.IngestConsumer)
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			v.add(Recommended, "stream "+name, "subjects", "holds ingest subjects but is not one of the %d partitions and has no %s: nothing drains it; delete it",

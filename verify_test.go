@@ -142,6 +142,7 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		{"durable replay_policy", func(t *testing.T, s *shape) { s.consumer(t, p0).ReplayPolicy = jetstream.ReplayOriginalPolicy }, req(durable(p0), "replay_policy"), nil},
 		{"durable inactive_threshold", func(t *testing.T, s *shape) { s.consumer(t, p0).InactiveThreshold = time.Hour }, req(durable(p0), "inactive_threshold"), nil},
 		{"durable max_request_batch below the prefetch share", func(t *testing.T, s *shape) { s.consumer(t, p0).MaxRequestBatch = 10 }, req(durable(p0), "max_request_batch"), nil},
+		{"durable max_request_expires below the pull expiry", func(t *testing.T, s *shape) { s.consumer(t, p0).MaxRequestExpires = time.Second }, req(durable(p0), "max_request_expires"), nil},
 		{"durable priority_policy", func(t *testing.T, s *shape) {
 			c := s.consumer(t, p0)
 			c.PriorityPolicy, c.PriorityGroups, c.PinnedTTL = jetstream.PriorityPolicyPinned, []string{"g"}, time.Minute
