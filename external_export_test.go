@@ -5,6 +5,8 @@ package mq
 import (
 	"context"
 	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Test-only shims for the conformance run against ExternalNATS in package mq_test.
@@ -29,7 +31,8 @@ func (x *ExternalFixture) DeleteIngestDurables(t *testing.T) {
 // ShrinkPartitionOf sets the max_bytes of tenant's partition, as the operator.
 func (x *ExternalFixture) ShrinkPartitionOf(t *testing.T, tenant TenantID, maxBytes int64) {
 	topo := shippedTopology.WithDefaults()
-	x.f.shrink(t, topo.PartitionStream(Partition(tenant, topo.Partitions)), maxBytes)
+	x.f.updateStream(t, topo.PartitionStream(Partition(tenant, topo.Partitions)),
+		func(cfg *jetstream.StreamConfig) { cfg.MaxBytes = maxBytes })
 }
 
 // ParkedMessages reads tenant's parked events back, as the operator.

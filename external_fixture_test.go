@@ -82,15 +82,15 @@ func (f *natsFixture) streamMsgs(t *testing.T, name string) uint64 {
 	return s.CachedInfo().State.Msgs
 }
 
-// shrink sets a stream's max_bytes as the operator.
-func (f *natsFixture) shrink(t *testing.T, name string, maxBytes int64) {
+// updateStream changes a stream's configuration as the operator.
+func (f *natsFixture) updateStream(t *testing.T, name string, change func(*jetstream.StreamConfig)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	s, err := f.admin.Stream(ctx, name)
 	require.NoError(t, err)
 	cfg := s.CachedInfo().Config
-	cfg.MaxBytes = maxBytes
+	change(&cfg)
 	_, err = f.admin.UpdateStream(ctx, cfg)
 	require.NoError(t, err)
 }

@@ -154,13 +154,8 @@ func TestExternalNATS_ATopicAtItsPerSubjectCapIsFullAndOnlyThatTopic(t *testing.
 	f := newExternalFixture(t)
 	e := f.broker(t)
 	ctx := testCtx(t)
-	stream := e.core.partitions[Partition("acme", e.topo.Partitions)]
-	s, err := f.admin.Stream(ctx, stream)
-	require.NoError(t, err)
-	cfg := s.CachedInfo().Config
-	cfg.MaxMsgsPerSubject = 2
-	_, err = f.admin.UpdateStream(ctx, cfg)
-	require.NoError(t, err)
+	f.updateStream(t, e.core.partitions[Partition("acme", e.topo.Partitions)],
+		func(cfg *jetstream.StreamConfig) { cfg.MaxMsgsPerSubject = 2 })
 	full := Topic{Tenant: "acme", Table: "full"}
 	require.NoError(t, e.Publish(ctx, full, []byte("1")))
 	require.NoError(t, e.Publish(ctx, full, []byte("2")))
@@ -472,14 +467,9 @@ func TestExternalNATS_AnEventOverThePartitionsMessageSizeIsTooLarge(t *testing.T
 	f := newExternalFixture(t)
 	e := f.broker(t)
 	ctx := testCtx(t)
-	stream := e.core.partitions[Partition("acme", e.topo.Partitions)]
-	s, err := f.admin.Stream(ctx, stream)
-	require.NoError(t, err)
-	cfg := s.CachedInfo().Config
-	cfg.MaxMsgSize = 128
-	_, err = f.admin.UpdateStream(ctx, cfg)
-	require.NoError(t, err)
-	err = e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, make([]byte, 512))
+	f.updateStream(t, e.core.partitions[Partition("acme", e.topo.Partitions)],
+		func(cfg *jetstream.StreamConfig) { cfg.MaxMsgSize = 128 })
+	err := e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, make([]byte, 512))
 	require.ErrorIs(t, err, ErrPayloadTooLarge)
 	assert.NotErrorIs(t, err, ErrQueueFull)
 }
