@@ -640,7 +640,9 @@ func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable strin
 		}
 		return c.mapRequestError("consume: "+durable+" on stream "+stream, err)
 	}
-	var lastErr atomic.Value
+	// The client reports errors of several concrete types; atomic.Value would panic
+	// on the second type, so keep a pointer.
+	var lastErr atomic.Pointer[error]
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		if d.isStopped() {
 			// Delivered after stop (the drain lets these through): hand it back at
@@ -653,7 +655,7 @@ func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable strin
 		}
 	}, jetstream.PullMaxMessages(share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			lastErr.Store(err)
+			lastErr.Store(&err)
 			if !d.isStopped() {
 				c.log.Warn("mq: ingest consumer reported an error", "stream", stream, "consumer", durable, "error", err)
 			}
@@ -667,8 +669,8 @@ func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable strin
 	go func() {
 		<-cc.Closed()
 		err := fmt.Errorf("%w: stream %s consumer %s", ErrDeliveryEnded, stream, durable)
-		if reason, ok := lastErr.Load().(error); ok {
-			err = fmt.Errorf("%w: %w", err, reason)
+		if reason := lastErr.Load(); reason != nil {
+			err = fmt.Errorf("%w: %w", err, *reason)
 		}
 		d.ended(err)
 	}()
