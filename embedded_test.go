@@ -431,3 +431,25 @@ func TestEmbeddedNATS_OnePartitionsEndEndsTheWholeDelivery(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 }
+
+// TestEmbeddedNATS_ADurableDeletedWhileNoPullWasOutstandingEndsDelivery: the server
+// tells a pull of its durable's deletion only while the pull is outstanding; one
+// deleted before the first pull arrives must still end delivery, once.
+func TestEmbeddedNATS_ADurableDeletedWhileNoPullWasOutstandingEndsDelivery(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	stream := e.topo.PartitionStream(0)
+	cons, err := e.js.Consumer(ctx, stream, e.topo.IngestConsumer)
+	require.NoError(t, err)
+	require.NoError(t, e.js.DeleteConsumer(ctx, stream, e.topo.IngestConsumer))
+	d := &delivery{failed: make(chan error, 1)}
+	require.NoError(t, d.consume(e.core, ctx, cons, stream, e.topo.IngestConsumer, func(*Message) error { return nil }, 1))
+	defer d.stop()
+	select {
+	case err := <-d.failed:
+		require.ErrorIs(t, err, ErrDeliveryEnded)
+		require.ErrorIs(t, err, jetstream.ErrConsumerDeleted)
+	case <-ctx.Done():
+		t.Fatal("delivery of a deleted durable never ended")
+	}
+}

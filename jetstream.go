@@ -640,9 +640,15 @@ func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable strin
 		}
 		return c.mapRequestError("consume: "+durable+" on stream "+stream, err)
 	}
+	return d.consume(c, ctx, cons, stream, durable, handler, share)
+}
+
+// consume pulls from cons until stop, or until delivery ends on its own.
+func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Consumer, stream, durable string, handler Handler, share int) error {
 	// The client reports errors of several concrete types; atomic.Value would panic
 	// on the second type, so keep a pointer.
 	var lastErr atomic.Pointer[error]
+	var checking atomic.Bool
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		if d.isStopped() {
 			// Delivered after stop (the drain lets these through): hand it back at
@@ -654,10 +660,23 @@ func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable strin
 			_ = m.Nak()
 		}
 	}, jetstream.PullMaxMessages(share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
 			lastErr.Store(&err)
-			if !d.isStopped() {
-				c.log.Warn("mq: ingest consumer reported an error", "stream", stream, "consumer", durable, "error", err)
+			if d.isStopped() {
+				return
+			}
+			c.log.Warn("mq: ingest consumer reported an error", "stream", stream, "consumer", durable, "error", err)
+			// A durable deleted while no pull was outstanding is never reported as
+			// deleted: measured, the client retries "no responders" and "no
+			// heartbeat" every 2 s for good. Look the durable up, once at a time.
+			if (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat)) && checking.CompareAndSwap(false, true) {
+				go func() {
+					defer checking.Store(false)
+					if gone := c.durableGone(stream, durable); gone != nil {
+						lastErr.Store(&gone)
+						cc.Stop()
+					}
+				}()
 			}
 		}))
 	if err != nil {
@@ -674,6 +693,18 @@ func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable strin
 		}
 		d.ended(err)
 	}()
+	return nil
+}
+
+// durableGone returns an error wrapping jetstream.ErrConsumerDeleted when the durable
+// no longer exists, and nil when it does or the lookup could not tell.
+func (c *natsCore) durableGone(stream, durable string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
+	defer cancel()
+	_, err := c.js.Consumer(ctx, stream, durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("%w: %w", jetstream.ErrConsumerDeleted, err)
+	}
 	return nil
 }
 
