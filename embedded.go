@@ -406,12 +406,9 @@ func (e *EmbeddedNATS) Subscribe(ctx context.Context, _ string, handler Handler)
 // CreateConsumer maps cfg.Durable onto the ingest durable and applies cfg's AckWait and
 // MaxAckPending to it on every partition.
 func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
-	if err := e.core.checkOpen(); err != nil {
-		return nil, err
-	}
-	durable, err := e.topo.durableFor(cfg.Durable)
+	durable, err := e.core.durable(cfg.Durable)
 	if err != nil {
-		return nil, fmt.Errorf("create consumer: %w", err)
+		return nil, err
 	}
 	if cfg.AckWait < 0 || cfg.MaxAckPending < 0 {
 		return nil, fmt.Errorf("create consumer %s: negative ack wait or max ack pending", cfg.Durable)

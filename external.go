@@ -369,12 +369,9 @@ func (e *ExternalNATS) Subscribe(ctx context.Context, _ string, handler Handler)
 // every partition: its ack wait at least cfg's (default the topology's), and a max ack
 // pending set. It never creates one.
 func (e *ExternalNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
-	if err := e.core.checkOpen(); err != nil {
-		return nil, err
-	}
-	durable, err := e.topo.durableFor(cfg.Durable)
+	durable, err := e.core.durable(cfg.Durable)
 	if err != nil {
-		return nil, fmt.Errorf("create consumer: %w", err)
+		return nil, err
 	}
 	wantWait := cmp.Or(cfg.AckWait, e.topo.AckWait)
 	for _, stream := range e.core.partitions {

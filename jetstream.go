@@ -583,6 +583,18 @@ func (c *natsCore) deadLetterCounts(ctx context.Context, tenant TenantID, table 
 	return counts, nil
 }
 
+// durable maps a consumer name onto the ingest durable, on an open broker.
+func (c *natsCore) durable(name string) (string, error) {
+	if err := c.checkOpen(); err != nil {
+		return "", err
+	}
+	durable, err := c.topo.durableFor(name)
+	if err != nil {
+		return "", fmt.Errorf("create consumer: %w", err)
+	}
+	return durable, nil
+}
+
 // worker is the ingest durable on every partition.
 type worker struct {
 	core    *natsCore
