@@ -393,8 +393,11 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 	}
 	done := make(chan struct{})
 	stop := sync.OnceFunc(func() {
-		stopped.Store(true)
-		cc.Stop()
+		stopped.Store(true) // no handler call starts after this
+		// An ordered consumer's Stop waits for its lock, which a reset retry (history
+		// unreachable) holds for up to ~20 s; Close must not wait for that. Once the
+		// connection closes the retry fails at once and this returns.
+		go cc.Stop()
 		close(done)
 	})
 	id, ok := c.track(stop)
