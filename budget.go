@@ -11,11 +11,10 @@ import (
 // are acknowledged, so an ack that overtakes the publish's answer, or a duplicate
 // publish, never counts twice.
 type budgets struct {
-	mu    sync.Mutex
-	max   map[TenantID]int64
-	used  map[TenantID]int64
-	held  map[string]heldEvent
-	total int64
+	mu   sync.Mutex
+	max  map[TenantID]int64
+	used map[TenantID]int64
+	held map[string]heldEvent
 }
 
 type heldEvent struct {
@@ -49,18 +48,24 @@ func (b *budgets) reserve(tenant TenantID, id string, size int64) (bool, error) 
 		return false, fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
 			ErrQueueFull, tenant, used, size, limit)
 	}
-	b.hold(id, heldEvent{tenant: tenant, size: size})
+	b.holdLocked(id, heldEvent{tenant: tenant, size: size})
 	return true, nil
 }
 
-// hold counts an event without checking the budget: a backlog rebuilt from disk.
-func (b *budgets) hold(id string, ev heldEvent) {
+// restore counts a stored event without checking the budget: a backlog rebuilt from
+// disk.
+func (b *budgets) restore(id string, ev heldEvent) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.holdLocked(id, ev)
+}
+
+func (b *budgets) holdLocked(id string, ev heldEvent) {
 	if _, dup := b.held[id]; dup {
 		return
 	}
 	b.held[id] = ev
 	b.used[ev.tenant] += ev.size
-	b.total += ev.size
 }
 
 // release stops counting the event with message id; releasing twice is harmless.
@@ -73,7 +78,6 @@ func (b *budgets) release(id string) {
 	}
 	delete(b.held, id)
 	b.used[ev.tenant] -= ev.size
-	b.total -= ev.size
 }
 
 func (b *budgets) set(tenant TenantID, n int64) {

@@ -306,9 +306,7 @@ func (e *EmbeddedNATS) holdStored(m jetstream.Msg) {
 	if id == "" {
 		return
 	}
-	e.budgets.mu.Lock()
-	e.budgets.hold(id, heldEvent{tenant: t.Tenant, size: eventSize(m.Subject(), userHeaders(m.Headers()), dataLen)})
-	e.budgets.mu.Unlock()
+	e.budgets.restore(id, heldEvent{tenant: t.Tenant, size: eventSize(m.Subject(), userHeaders(m.Headers()), dataLen)})
 }
 
 // awaitSources waits, bounded, until the history has attached every partition: an
