@@ -1,5 +1,60 @@
 package mq
 
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// stream, with a fresh message id.
+func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) error {
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	if msg == nil || msg.key == "" {
+		return fmt.Errorf("%w: dead letter: the message has no topic key", ErrInvalidTopic)
+	}
+	base := make(Headers, len(msg.Headers))
+	for k, v := range msg.Headers {
+		if !strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) {
+			base[k] = v
+		}
+	}
+	ev, err := c.prepare(ctx, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
+	if err != nil {
+		return err
+	}
+	// The message's own id was left out with its Nats- headers: an id here is the
+	// caller's idempotency key, and without one the park gets a fresh id.
+	_, _, err = c.send(ctx, ev)
+	return err
+}
+
+// deadLetterCounts reads tenant's parked counts with one subject-filtered info call.
+func (c *natsCore) deadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
+	if err := c.checkOpen(); err != nil {
+		return DeadLetterCounts{}, err
+	}
+	if err := tenant.Validate(); err != nil {
+		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: %w", err)
+	}
+	stream, err := c.js.Stream(ctx, c.deadLetters)
+	if err != nil {
+		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.deadLetters, err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(c.subs.tenantDeadLetters(tenant)))
+	if err != nil {
+		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.deadLetters, err)
+	}
+	counts := DeadLetterCounts{Tables: deadLetterTables(info.State.Subjects, c.subs, table)}
+	for _, n := range info.State.Subjects {
+		counts.Total += n
+	}
+	return counts, nil
+}
+
 // deadLetterTables folds per-subject dead-letter counts into per-table counts, the
 // shape of DeadLetterCounts.Tables. Every scope of a table counts under the table
 // itself, so a table literally named "a.b" (one escaped token) never shares a count

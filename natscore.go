@@ -1,0 +1,127 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// natsCore is the JetStream data path both NATS brokers share, over the topology of
+// NATSTopology: publishing to the tenant's partition with the expected stream and
+// idempotent retries, the hub, bounded replay, the worker's pull per partition, and
+// dead letters. The brokers differ in who owns the topology and in budgets.
+type natsCore struct {
+	topo NATSTopology
+	subs subjects
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	log  *slog.Logger
+
+	// partitions[p] and deadLetters name the streams found for partition p and for
+	// dead letters: the topology's names in EmbeddedNATS, the operator's in ExternalNATS.
+	partitions  []string
+	deadLetters string
+
+	// settler wraps each message the worker receives, so a broker can observe its
+	// settlement (EmbeddedNATS releases the tenant's budget on ack).
+	settler func(m jetstream.Msg) Settler
+	// lostTopology is told when a publish finds its stream gone or its subject held
+	// by another stream.
+	lostTopology func(stream string, err error)
+
+	closed   atomic.Bool
+	mu       sync.Mutex
+	nextID   int
+	stoppers map[int]func()
+}
+
+func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) *natsCore {
+	c := &natsCore{
+		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log,
+		deadLetters:  topo.DeadLetterStream(),
+		settler:      func(m jetstream.Msg) Settler { return m },
+		lostTopology: func(string, error) {},
+		stoppers:     make(map[int]func()),
+	}
+	for p := range topo.Partitions {
+		c.partitions = append(c.partitions, topo.PartitionStream(p))
+	}
+	return c
+}
+
+// track registers stop to run at Close. It reports false once the broker is closing.
+func (c *natsCore) track(stop func()) (id int, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return 0, false
+	}
+	c.nextID++
+	c.stoppers[c.nextID] = stop
+	return c.nextID, true
+}
+
+func (c *natsCore) untrack(id int) {
+	c.mu.Lock()
+	delete(c.stoppers, id)
+	c.mu.Unlock()
+}
+
+// stopAll marks the broker closed and stops every consumer and subscription, so none
+// reports failed when the connection goes. It reports false if it already ran.
+func (c *natsCore) stopAll() bool {
+	c.mu.Lock()
+	if c.closed.Swap(true) {
+		c.mu.Unlock()
+		return false
+	}
+	stoppers := c.stoppers
+	c.stoppers = nil
+	c.mu.Unlock()
+	for _, stop := range stoppers {
+		stop()
+	}
+	return true
+}
+
+func (c *natsCore) checkOpen() error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// outgoing is an event ready to send: its subject, the stream that must store it, its
+
+// mapRequestError wraps a failed JetStream API request: ErrClosed after Close,
+// ErrUnavailable when no answer came or the connection is gone.
+func (c *natsCore) mapRequestError(what string, err error) error {
+	switch {
+	case c.closed.Load():
+		return fmt.Errorf("%s: %w: %w", what, ErrClosed, err)
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("%s: %w", what, err)
+	case noAnswer(err), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrConnectionDraining), errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,222 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel"
+)
+
+// What the server says when it refuses a publish, and what the broker reserves.
+const (
+	headerOverheadEstimate  = 64 // "NATS/1.0\r\n", the message id and the expected stream
+	reservedHeaderPrefix    = "nats-"
+	errTextMaxBytes         = "maximum bytes exceeded"
+	errTextMaxMsgsPerSubj   = "maximum messages per subject exceeded"
+	errTextMaxMsgs          = "maximum messages exceeded"
+	errTextAccountLimits    = "resource limits exceeded for account"
+	errTextInsufficient     = "insufficient resources"
+	jsErrStreamNotMatchCode = 10060
+	jsErrMsgTooLargeCode    = 10054
+)
+
+type outgoing struct {
+	subject, stream string
+	header          Headers
+	data            []byte
+}
+
+// prepare builds the headers of an event from the options and ctx's trace context
+// and checks everything that can be checked before a send.
+func (c *natsCore) prepare(ctx context.Context, subject, stream string, base Headers, data []byte, opts []PublishOpt) (outgoing, error) {
+	h := make(Headers, len(base)+2)
+	for k, v := range base {
+		h[k] = append([]string(nil), v...)
+	}
+	for _, opt := range opts {
+		opt(h)
+	}
+	if err := validateHeaders(h); err != nil {
+		return outgoing{}, err
+	}
+	otel.GetTextMapPropagator().Inject(ctx, headerCarrier(h))
+	if size, limit := len(data)+headerSize(h)+headerOverheadEstimate, c.nc.MaxPayload(); int64(size) > limit {
+		return outgoing{}, fmt.Errorf("%w: %s: %d bytes with headers, the server accepts %d",
+			ErrPayloadTooLarge, subject, size, limit)
+	}
+	return outgoing{subject: subject, stream: stream, header: h, data: data}, nil
+}
+
+// validateHeaders refuses header names the broker reserves ("Nats-", except the
+// idempotency key) and names or values that cannot be written on the wire.
+func validateHeaders(h Headers) error {
+	for k, vs := range h {
+		if k == "" || strings.ContainsAny(k, ": \t\r\n") {
+			return fmt.Errorf("%w: name %q", ErrInvalidHeader, k)
+		}
+		if strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) && k != HeaderIdempotencyKey {
+			return fmt.Errorf("%w: %q: names starting with \"Nats-\" are reserved for the broker", ErrInvalidHeader, k)
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n") {
+				return fmt.Errorf("%w: %q: value contains a line break", ErrInvalidHeader, k)
+			}
+		}
+	}
+	return nil
+}
+
+func headerSize(h Headers) int {
+	n := 0
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4 // ": " and CRLF
+		}
+	}
+	return n
+}
+
+// userHeaders copies h without the broker's own "Nats-" bookkeeping headers.
+func userHeaders(h nats.Header) Headers {
+	out := make(Headers, len(h))
+	for k, v := range h {
+		if strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) {
+			continue
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// send publishes ev and waits for the stream's confirmation. Each attempt is bounded by
+// PublishTimeout; an attempt whose answer was lost is sent again, at most twice, with
+// the same message id, so the stream stores it once.
+// It also reports whether it sent more than once, so a Duplicate answer can be told
+// from a repeat of the caller's own earlier publish.
+func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck, retried bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	id := ev.header.Get(HeaderIdempotencyKey)
+	if id == "" {
+		id = nuid.Next()
+	}
+	var lastErr error
+	for attempt := 0; attempt <= publishRetries; attempt++ {
+		if attempt > 0 {
+			retried = true
+			if err := sleepCtx(ctx, publishRetryWait); err != nil {
+				return nil, retried, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
+			}
+		}
+		msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
+		actx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
+		ack, err := c.js.PublishMsg(actx, msg,
+			jetstream.WithMsgID(id), jetstream.WithExpectStream(ev.stream), jetstream.WithRetryAttempts(0))
+		cancel()
+		if err == nil {
+			return ack, retried, nil
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, retried, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
+		}
+		lastErr = err
+		if !noAnswer(err) || c.nc.IsClosed() {
+			break
+		}
+	}
+	return nil, retried, c.mapPublishError(ev, lastErr)
+}
+
+// ingestEvent prepares topic's event for its partition, with a message id: a fresh
+// one, or the caller's idempotency key scoped to the tenant, so two tenants' keys
+// never collide on a shared partition.
+func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, opts []PublishOpt) (outgoing, error) {
+	if err := c.checkOpen(); err != nil {
+		return outgoing{}, err
+	}
+	subject, p, err := c.subs.ingestTopic(topic)
+	if err != nil {
+		return outgoing{}, fmt.Errorf("publish: %w", err)
+	}
+	ev, err := c.prepare(ctx, subject, c.partitions[p], nil, data, opts)
+	if err != nil {
+		return outgoing{}, fmt.Errorf("publish: %w", err)
+	}
+	if key := ev.header.Get(HeaderIdempotencyKey); key != "" {
+		ev.header.Set(HeaderIdempotencyKey, string(topic.Tenant)+"."+key)
+	} else {
+		ev.header.Set(HeaderIdempotencyKey, nuid.Next())
+	}
+	return ev, nil
+}
+
+func cloneHeaders(h Headers) Headers {
+	out := make(Headers, len(h))
+	for k, v := range h {
+		out[k] = append([]string(nil), v...)
+	}
+	return out
+}
+
+// noAnswer reports whether err means the answer to a publish never came: the event
+// may or may not be stored, so it is sent again with the same id.
+func noAnswer(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+}
+
+// mapPublishError maps a publish failure onto the contract's sentinels. The server
+// names a full stream only in its error text.
+func (c *natsCore) mapPublishError(ev outgoing, err error) error {
+	var apiErr *jetstream.APIError
+	text := err.Error()
+	switch {
+	case strings.Contains(text, errTextMaxBytes), strings.Contains(text, errTextMaxMsgsPerSubj),
+		strings.Contains(text, errTextMaxMsgs), strings.Contains(text, errTextAccountLimits),
+		strings.Contains(text, errTextInsufficient):
+		return fmt.Errorf("%w: stream %s refused %s: %w", ErrQueueFull, ev.stream, ev.subject, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrMsgTooLargeCode:
+		return fmt.Errorf("%w: stream %s refused %s: %w", ErrPayloadTooLarge, ev.stream, ev.subject, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStreamNotMatchCode:
+		c.lostTopology(ev.stream, err)
+		return fmt.Errorf("%w: %s is not stored by stream %s: %w", ErrUnavailable, ev.subject, ev.stream, err)
+	case errors.Is(err, jetstream.ErrNoStreamResponse) && c.nc.IsConnected() && c.streamMissing(ev.stream):
+		c.lostTopology(ev.stream, err)
+		return fmt.Errorf("%w: publish %s: stream %s does not exist: %w", ErrUnavailable, ev.subject, ev.stream, err)
+	case noAnswer(err), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining),
+		errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, jetstream.ErrStreamNotFound):
+		if c.closed.Load() {
+			return fmt.Errorf("publish %s: %w: %w", ev.subject, ErrClosed, err)
+		}
+		return fmt.Errorf("%w: publish %s to stream %s: %w", ErrUnavailable, ev.subject, ev.stream, err)
+	}
+	return fmt.Errorf("publish %s to stream %s: %w", ev.subject, ev.stream, err)
+}
+
+// streamMissing tells a deleted stream from a slow one, bounded by PublishTimeout.
+func (c *natsCore) streamMissing(name string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
+	defer cancel()
+	_, err := c.js.Stream(ctx, name)
+	return errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
+// keys (http.Header would canonicalise them).
+type headerCarrier Headers
+
+func (h headerCarrier) Get(key string) string { return Headers(h).Get(key) }
+func (h headerCarrier) Set(key, value string) { Headers(h).Set(key, value) }
+func (h headerCarrier) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	return keys
+}
