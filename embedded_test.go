@@ -3,10 +3,12 @@ package mq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -452,4 +454,92 @@ func TestEmbeddedNATS_ADurableDeletedWhileNoPullWasOutstandingEndsDelivery(t *te
 	case <-ctx.Done():
 		t.Fatal("delivery of a deleted durable never ended")
 	}
+}
+
+// waitHistoryCopied waits until the history holds n events and the broker then idles
+// as a host does before a restart: the loss that hid behind an immediate restart
+// needs the history's source to have acknowledged what it copied.
+func waitHistoryCopied(t *testing.T, js jetstream.JetStream, history string, n uint64) {
+	t.Helper()
+	ctx := testCtx(t)
+	require.Eventually(t, func() bool {
+		s, err := js.Stream(ctx, history)
+		return err == nil && s.CachedInfo().State.Msgs >= n
+	}, 15*time.Second, 20*time.Millisecond, "the history never copied %d events", n)
+	time.Sleep(2 * time.Second)
+}
+
+func TestEmbeddedNATS_AnIdleRestartKeepsEveryUnacknowledgedEvent(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	e := openEmbedded(t, dir)
+	ctx := testCtx(t)
+	const n = 200
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	for i := range n {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, fmt.Appendf(nil, "%d", i)))
+	}
+	waitHistoryCopied(t, e.js, e.topo.HistoryStream, n)
+	for restart := 1; restart <= 2; restart++ {
+		require.NoError(t, e.Close())
+		e = openEmbedded(t, dir)
+		part, err := e.js.Stream(ctx, e.topo.PartitionStream(Partition("acme", e.topo.Partitions)))
+		require.NoError(t, err)
+		require.Equal(t, uint64(n), part.CachedInfo().State.Msgs, "restart %d: the partition kept every unacknowledged event", restart)
+		waitHistoryCopied(t, e.js, e.topo.HistoryStream, n)
+	}
+	got := drain(t, e, n)
+	for i, d := range got {
+		require.Equal(t, strconv.Itoa(i), d, "delivered in publish order")
+	}
+	requirePartitionsEmpty(t, e)
+}
+
+// requirePartitionsEmpty waits until every partition has let go of what the worker
+// acknowledged and the history copied: a partition that keeps them fills up.
+func requirePartitionsEmpty(t *testing.T, e *EmbeddedNATS) {
+	t.Helper()
+	ctx := testCtx(t)
+	for p := range e.topo.Partitions {
+		name := e.topo.PartitionStream(p)
+		require.Eventually(t, func() bool {
+			s, err := e.js.Stream(ctx, name)
+			return err == nil && s.CachedInfo().State.Msgs == 0
+		}, 15*time.Second, 50*time.Millisecond, "partition %s still holds acknowledged events", name)
+	}
+}
+
+func TestEmbeddedNATS_AStoreWithTheEarlierDurableMovesItsBacklogToTheCurrentOne(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	e := openEmbedded(t, dir)
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "t"}
+	p := Partition("acme", e.topo.Partitions)
+	// The store as the earlier version left it: its durable beside the current one,
+	// and events the current one has acknowledged but the earlier one has not.
+	legacy := e.topo.ingestConsumerConfig(p)
+	legacy.Durable = legacyIngestConsumer
+	_, err := e.js.CreateOrUpdateConsumer(ctx, e.topo.PartitionStream(p), legacy)
+	require.NoError(t, err)
+	for i := range 3 {
+		require.NoError(t, e.Publish(ctx, topic, fmt.Appendf(nil, "acked-%d", i)))
+	}
+	cons, err := e.js.Consumer(ctx, e.topo.PartitionStream(p), e.topo.IngestConsumer)
+	require.NoError(t, err)
+	batch, err := cons.Fetch(3)
+	require.NoError(t, err)
+	for m := range batch.Messages() {
+		require.NoError(t, m.DoubleAck(ctx))
+	}
+	require.NoError(t, batch.Error())
+	require.NoError(t, e.Publish(ctx, topic, []byte("unacked")))
+	waitHistoryCopied(t, e.js, e.topo.HistoryStream, 4)
+	require.NoError(t, e.Close())
+
+	e = openEmbedded(t, dir)
+	_, err = e.js.Consumer(ctx, e.topo.PartitionStream(p), legacyIngestConsumer)
+	require.ErrorIs(t, err, jetstream.ErrConsumerNotFound, "the earlier durable is removed")
+	assert.Equal(t, []string{"unacked"}, drain(t, e, 1))
+	waitHistoryCopied(t, e.js, e.topo.HistoryStream, 4)
+	requirePartitionsEmpty(t, e) // nothing is held for the removed durable
 }

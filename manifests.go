@@ -72,6 +72,12 @@ func manifestHeader(topo NATSTopology) string {
 		"Apply order is free: mq publishes nothing until all of it exists. But a partition must never",
 		"take publishes without its durable: an interest stream stores a publish nowhere when no",
 		"consumer covers it.",
+		fmt.Sprintf("Keep the durable's name %s sorting before \"JS_\" (byte order): a single nats-server", topo.IngestConsumer),
+		"(2.14 to at least 2.15.3) recovers a partition's consumers in name order, and recovering the",
+		"history's source consumer JS_SRC_* first removes every event the history copied that the worker",
+		"had not yet acknowledged. A cluster with a durable of another name (wh-ingest, the earlier",
+		"default) needs this one created first; then delete the old one, and its unacknowledged",
+		"events come to this one.",
 	}
 	var b strings.Builder
 	for _, l := range lines {

@@ -19,7 +19,9 @@ type NATSTopology struct {
 	Prefix string
 	// Partitions is N, the number of ingest partitions. Default 4.
 	Partitions int
-	// IngestConsumer is the durable on every partition. Default "wh-ingest".
+	// IngestConsumer is the durable on every partition. Default "INGEST". It must sort
+	// (byte-wise) before "JS_", the prefix of the server's own source consumers: see
+	// ingestConsumerSortsFirst.
 	IngestConsumer string
 	// HistoryStream names the history. Default "<PREFIX>_HISTORY".
 	HistoryStream string
@@ -60,7 +62,7 @@ type NATSTopology struct {
 const (
 	defaultPrefix            = "wh"
 	defaultPartitions        = 4
-	defaultIngestConsumer    = "wh-ingest"
+	defaultIngestConsumer    = "INGEST"
 	defaultPublishTimeout    = 5 * time.Second
 	defaultAckWait           = 60 * time.Second
 	defaultMaxAckPending     = 10_000
@@ -83,6 +85,13 @@ const (
 	// the same message id, publishRetryWait apart.
 	publishRetries   = 2
 	publishRetryWait = 250 * time.Millisecond
+
+	// legacyIngestConsumer is the durable's default before it had to sort first;
+	// EmbeddedNATS removes it from a store written then (see migrateIngestConsumer).
+	legacyIngestConsumer = "wh-ingest"
+	// serverConsumerPrefix starts the names of the consumers the server creates for
+	// itself, JS_SRC_<hash> for a source (nats-server 2.14 and later).
+	serverConsumerPrefix = "JS_"
 
 	metaPartition  = "wavehouse.dev/partition"
 	metaPartitions = "wavehouse.dev/partitions"
@@ -128,6 +137,11 @@ func (t NATSTopology) Validate() error {
 		return fmt.Errorf("nats topology: partitions %d must be at least 1", t.Partitions)
 	case !validName(t.IngestConsumer):
 		return fmt.Errorf("nats topology: ingest consumer %q is not a valid consumer name", t.IngestConsumer)
+	case !ingestConsumerSortsFirst(t.IngestConsumer):
+		return fmt.Errorf("nats topology: ingest consumer %q must sort before %q (byte order, so upper case A-I or a digit first): "+
+			"a single nats-server recovers a partition's consumers in name order, and recovering the history's source "+
+			"consumer first removes every event the history copied that the ingest durable has not acknowledged",
+			t.IngestConsumer, serverConsumerPrefix)
 	case !validName(t.HistoryStream):
 		return fmt.Errorf("nats topology: history stream %q is not a valid stream name", t.HistoryStream)
 	case t.PublishTimeout < 0, t.AckWait < 0, t.DuplicateWindow < 0, t.HistoryMaxAge < 0:
@@ -140,6 +154,17 @@ func (t NATSTopology) Validate() error {
 	}
 	return nil
 }
+
+// ingestConsumerSortsFirst reports whether a durable of this name is recovered before
+// the server's own consumers. Measured on nats-server 2.14.10 to 2.15.3, and read in
+// its source (upstream_recovery_test.go pins it): a standalone server recovers a
+// stream's consumers in directory order, and resets a source consumer to its ack
+// floor as it recovers it; on an interest stream that reset removes every event at or
+// below the floor in which no consumer recovered so far is interested. The ingest
+// durable must be among those, or a restart loses every event the history copied and
+// the worker had not yet acknowledged. A clustered server recovers through its meta
+// layer, but the rule costs nothing there and keeps one topology for both.
+func ingestConsumerSortsFirst(name string) bool { return name < serverConsumerPrefix }
 
 // validName reports whether s is a usable stream or consumer name.
 func validName(s string) bool {
@@ -249,9 +274,11 @@ func (t NATSTopology) deadLetterConfig() jetstream.StreamConfig {
 }
 
 // durableFor maps a consumer name onto the ingest durable: the worker's own name, the
-// configured one and "" (the default) do; anything else is ErrConsumerNotFound.
+// configured one, the durable's previous default "wh-ingest" (so a host written
+// against it keeps working) and "" (the default) do; anything else is
+// ErrConsumerNotFound.
 func (t NATSTopology) durableFor(name string) (string, error) {
-	if name == "" || name == WorkerDurable || name == t.IngestConsumer {
+	if name == "" || name == WorkerDurable || name == t.IngestConsumer || name == legacyIngestConsumer {
 		return t.IngestConsumer, nil
 	}
 	return "", fmt.Errorf("%w: %q (known: %q, %q)", ErrConsumerNotFound, name, WorkerDurable, t.IngestConsumer)

@@ -17,7 +17,7 @@ func TestNATSTopologyWithDefaults_FillsTheDocumentedDefaults(t *testing.T) {
 	want := NATSTopology{
 		Prefix:                      "wh",
 		Partitions:                  4,
-		IngestConsumer:              "wh-ingest",
+		IngestConsumer:              "INGEST",
 		HistoryStream:               "WH_HISTORY",
 		PublishTimeout:              5 * time.Second,
 		AckWait:                     60 * time.Second,
@@ -47,7 +47,7 @@ func TestNATSTopologyWithDefaults_KeepsEverySetField(t *testing.T) {
 	set := NATSTopology{
 		Prefix:                      "acme-wh",
 		Partitions:                  7,
-		IngestConsumer:              "my-durable",
+		IngestConsumer:              "DURABLE-1",
 		HistoryStream:               "MY_HISTORY",
 		PublishTimeout:              time.Second,
 		AckWait:                     2 * time.Minute,
@@ -158,6 +158,8 @@ func TestNATSTopologyValidate_RefusesWhatCannotWork(t *testing.T) {
 		{"negative partitions", NATSTopology{Partitions: -1}, "partitions -1"},
 		{"dotted consumer", NATSTopology{IngestConsumer: "wh.ingest"}, "ingest consumer"},
 		{"consumer with a space", NATSTopology{IngestConsumer: "wh ingest"}, "ingest consumer"},
+		{"consumer recovered after the server's own", NATSTopology{IngestConsumer: "wh-ingest"}, `must sort before "JS_"`},
+		{"consumer named like the server's own", NATSTopology{IngestConsumer: "JS_SRC_X"}, `must sort before "JS_"`},
 		{"wildcard history", NATSTopology{HistoryStream: "H*"}, "history stream"},
 		{"history with a slash", NATSTopology{HistoryStream: "H/1"}, "history stream"},
 		{"a prefix making a bad history name", NATSTopology{Prefix: "a>"}, "prefix"},
@@ -199,19 +201,20 @@ func TestNATSTopologyValidate_AcceptsADuplicateWindowOfExactlyTheMinimum(t *test
 
 func TestNATSTopologyDurableFor_MapsTheWorkerNameTheConfiguredNameAndTheDefaultOntoTheDurable(t *testing.T) {
 	def := NATSTopology{}.WithDefaults()
-	custom := NATSTopology{IngestConsumer: "my-durable"}.WithDefaults()
+	custom := NATSTopology{IngestConsumer: "DURABLE-1"}.WithDefaults()
 	cases := []struct {
 		top  NATSTopology
 		name string
 		want string
 	}{
-		{def, "buffer-consumer", "wh-ingest"},
-		{def, WorkerDurable, "wh-ingest"},
-		{def, "wh-ingest", "wh-ingest"},
-		{custom, "buffer-consumer", "my-durable"},
-		{custom, "my-durable", "my-durable"},
-		{def, "", "wh-ingest"},
-		{custom, "", "my-durable"},
+		{def, "buffer-consumer", "INGEST"},
+		{def, WorkerDurable, "INGEST"},
+		{def, "INGEST", "INGEST"},
+		{custom, "buffer-consumer", "DURABLE-1"},
+		{custom, "DURABLE-1", "DURABLE-1"},
+		{def, "", "INGEST"},
+		{def, "wh-ingest", "INGEST"},
+		{custom, "", "DURABLE-1"},
 	}
 	for _, c := range cases {
 		got, err := c.top.durableFor(c.name)
@@ -223,15 +226,15 @@ func TestNATSTopologyDurableFor_MapsTheWorkerNameTheConfiguredNameAndTheDefaultO
 
 func TestNATSTopologyDurableFor_AnyOtherNameIsErrConsumerNotFound(t *testing.T) {
 	def := NATSTopology{}.WithDefaults()
-	custom := NATSTopology{IngestConsumer: "my-durable"}.WithDefaults()
+	custom := NATSTopology{IngestConsumer: "DURABLE-1"}.WithDefaults()
 	for _, c := range []struct {
 		top  NATSTopology
 		name string
 	}{
 		{def, "other"},
 		{def, "Buffer-Consumer"},
-		{def, "wh-ingest-0"},
-		{custom, "wh-ingest"},
+		{def, "INGEST-0"},
+		{custom, "INGEST"},
 	} {
 		got, err := c.top.durableFor(c.name)
 		if !errors.Is(err, ErrConsumerNotFound) {
@@ -312,7 +315,7 @@ func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartition(t
 	top := NATSTopology{Partitions: 2, AckWait: 90 * time.Second, MaxAckPending: 77}.WithDefaults()
 	got := top.ingestConsumerConfig(1)
 	want := jetstream.ConsumerConfig{
-		Durable:       "wh-ingest",
+		Durable:       "INGEST",
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       90 * time.Second,

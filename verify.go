@@ -37,7 +37,7 @@ func (s Severity) String() string {
 // in JetStream's JSON configuration.
 type Finding struct {
 	Severity Severity
-	Object   string // e.g. "stream WH_INGEST_0", "consumer WH_INGEST_0/wh-ingest"
+	Object   string // e.g. "stream WH_INGEST_0", "consumer WH_INGEST_0/INGEST"
 	Field    string // e.g. "retention", "duplicate_window"
 	Problem  string
 	// Transient marks a required finding that resolves on its own: a history source

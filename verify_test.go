@@ -73,7 +73,7 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 	hist, dlq := "WH_HISTORY", "WH_DLQ"
 	req := func(object, field string) finding { return finding{Required, object, field} }
 	rec := func(object, field string) finding { return finding{Recommended, object, field} }
-	stream, durable := func(n string) string { return "stream " + n }, func(n string) string { return "consumer " + n + "/wh-ingest" }
+	stream, durable := func(n string) string { return "stream " + n }, func(n string) string { return "consumer " + n + "/INGEST" }
 	cases := []struct {
 		rule   string
 		break_ func(t *testing.T, s *shape)
@@ -149,7 +149,7 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		}, req(durable(p0), "priority_policy"), nil},
 		{"an extra stream the worker drains", func(t *testing.T, s *shape) {
 			s.streams = append(s.streams, jetstream.StreamConfig{Name: "OLD", Subjects: []string{"wh.ingest.9.>"}, Retention: jetstream.InterestPolicy})
-			s.consumers["OLD"] = []jetstream.ConsumerConfig{{Durable: "wh-ingest", AckPolicy: jetstream.AckExplicitPolicy}}
+			s.consumers["OLD"] = []jetstream.ConsumerConfig{{Durable: "INGEST", AckPolicy: jetstream.AckExplicitPolicy}}
 		}, rec(stream("OLD"), "subjects"), nil},
 		{"an extra stream nothing drains", func(t *testing.T, s *shape) {
 			s.streams = append(s.streams, jetstream.StreamConfig{Name: "STRAY", Subjects: []string{"wh.ingest.stray"}})
@@ -269,7 +269,7 @@ func TestAwaitNATSTopology_ThreeFaultsGiveOneErrorNamingAll(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 3, required)
-	for _, want := range []string{"dead-letter stream: subjects", "stream WH_INGEST_1: retention", "consumer WH_INGEST_2/wh-ingest: durable_name"} {
+	for _, want := range []string{"dead-letter stream: subjects", "stream WH_INGEST_1: retention", "consumer WH_INGEST_2/INGEST: durable_name"} {
 		assert.Contains(t, err.Error(), want)
 	}
 	assert.Equal(t, Required, te.Findings[0].Severity, "required findings come first")

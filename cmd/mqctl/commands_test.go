@@ -28,7 +28,7 @@ func TestManifestsPrintsTheShippedFileForTheShippedFlags(t *testing.T) {
 
 func TestPermissionsPrintsTheApplicationUsersBlock(t *testing.T) {
 	code, stdout, _ := runArgs(t, "permissions")
-	if code != 0 || !strings.Contains(stdout, "permissions:") || !strings.Contains(stdout, "$JS.API.CONSUMER.MSG.NEXT.*.wh-ingest") {
+	if code != 0 || !strings.Contains(stdout, "permissions:") || !strings.Contains(stdout, "$JS.API.CONSUMER.MSG.NEXT.*.INGEST") {
 		t.Fatalf("permissions: exit %d, output:\n%s", code, stdout)
 	}
 }

@@ -45,7 +45,7 @@ func runPermissions(_ context.Context, e *env, args []string) int {
 	var topo mq.NATSTopology
 	fs.StringVar(&topo.Prefix, "prefix", "wh", "subject prefix, one token of [a-z0-9_-]")
 	fs.StringVar(&topo.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
-	fs.StringVar(&topo.IngestConsumer, "ingest-consumer", "", "the ingest durable (default wh-ingest)")
+	fs.StringVar(&topo.IngestConsumer, "ingest-consumer", "", "the ingest durable (default INGEST)")
 	if code := parse(fs, args); code >= 0 {
 		return code
 	}
