@@ -338,7 +338,8 @@ type Replayer interface {
 	// before that is an error, never an early nil; a done ctx returns ctx's error.
 	// since is compared with the Timestamp the replayed messages carry (for the NATS
 	// brokers the history's stored time, a little after Publish returned), so take it
-	// from a delivered Message rather than from the caller's clock.
+	// from a delivered Message rather than from the caller's clock. A nil send is
+	// refused with an error before anything is read.
 	ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error
 }
 

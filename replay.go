@@ -26,6 +26,9 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
+	if send == nil {
+		return errors.New("replay: nil send")
+	}
 	subject, _, err := c.subs.ingestTopic(topic)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)

@@ -22,6 +22,7 @@ func replayCases() []testCase {
 		{"ReplaySinceToASlowSendArrivesWholeAndInOrder", always, replaySinceSlowSend},
 		{"ReplaySinceDoesNotSendEventsPublishedDuringIt", always, replaySinceNoTail},
 		{"ReplaySinceSendsMessagesWithTopicDataHeadersAndTimestamp", always, replaySinceMessageShape},
+		{"ReplaySinceRefusesANilSendAndLosesNothing", always, replaySinceNilSend},
 	}
 }
 
@@ -241,4 +242,16 @@ func replaySinceMessageShape(t *testing.T, h Harness) {
 	assert.NoError(t, m.Ack(), "a replayed message's Ack")
 	assert.NoError(t, m.Nak(), "a replayed message's Nak")
 	assert.NoError(t, m.DoubleAck(e.ctx), "a replayed message's DoubleAck")
+}
+
+// replaySinceNilSend: a nil send is refused with an error, never a panic, even with
+// events to send, and the events are still all there.
+func replaySinceNilSend(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := e.twoReplayable()
+	var err error
+	require.NotPanics(t, func() { err = e.b.ReplaySince(e.ctx, tp, time.Time{}, nil) }, "ReplaySince with a nil send")
+	require.Error(t, err, "ReplaySince with a nil send")
+	assert.False(t, isContextErr(err), "the error is a context's: %v", err)
+	assert.Equal(t, []string{"one", "two"}, e.replay(tp, time.Time{}))
 }
