@@ -36,6 +36,9 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if afterAnyStored(since) {
+		return nil // nothing is stored that late
+	}
 	last, err := c.historyLastSeq(ctx)
 	if err != nil {
 		return c.mapRequestError("replay "+subject, err)
@@ -48,7 +51,7 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 		MemoryStorage:     true,
 		Replicas:          1,
 	}
-	if !since.IsZero() {
+	if !beforeAnyStored(since) { // the zero Time included
 		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
 		cfg.OptStartTime = &since
 	}

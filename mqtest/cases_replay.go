@@ -23,6 +23,7 @@ func replayCases() []testCase {
 		{"ReplaySinceDoesNotSendEventsPublishedDuringIt", always, replaySinceNoTail},
 		{"ReplaySinceSendsMessagesWithTopicDataHeadersAndTimestamp", always, replaySinceMessageShape},
 		{"ReplaySinceRefusesANilSendAndLosesNothing", always, replaySinceNilSend},
+		{"ReplaySinceBeforeAnyStorableTimeIsEverythingAndAfterItNothing", always, replaySinceOutOfRange},
 	}
 }
 
@@ -254,4 +255,30 @@ func replaySinceNilSend(t *testing.T, h Harness) {
 	require.Error(t, err, "ReplaySince with a nil send")
 	assert.False(t, isContextErr(err), "the error is a context's: %v", err)
 	assert.Equal(t, []string{"one", "two"}, e.replay(tp, time.Time{}))
+}
+
+// replaySinceOutOfRange: a since far in the past (before any time a broker can store,
+// however it counts time) replays everything, one far in the future nothing: never the
+// reverse by an overflow, so a since taken from a client cannot replay the whole
+// history by being absurd.
+func replaySinceOutOfRange(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := e.twoReplayable()
+	all := []string{"one", "two"}
+	for _, c := range []struct {
+		since time.Time
+		want  []string
+	}{
+		{time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC), all},
+		{time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), all},
+		{time.Date(1677, 9, 21, 0, 0, 0, 0, time.UTC), all},
+		{time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), all},
+		{time.Date(2262, 4, 12, 0, 0, 0, 0, time.UTC), []string{}},
+		{time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), []string{}},
+		{time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), []string{}},
+	} {
+		got, err := e.tryReplay(tp, c.since, 0)
+		require.NoError(t, err, "replay since %v", c.since)
+		assert.Equal(t, c.want, got, "replay since %v", c.since)
+	}
 }

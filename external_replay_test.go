@@ -1,0 +1,12 @@
+//go:build integration
+
+package mq
+
+import (
+	"testing"
+)
+
+func TestExternalNATS_ANilSendAndTimesOutOfRangeAreRefusedOrClampedAndLoseNothing(t *testing.T) {
+	t.Parallel()
+	checkOutOfRangeInput(t, newExternalFixture(t).broker(t), false)
+}
