@@ -386,7 +386,8 @@ type Broker interface {
 	Stats() (Stats, error)
 	// Close stops every consumer and subscription (none reports failed), then releases
 	// the broker. It is idempotent. No handler call starts after it returned; one in
-	// flight may still finish. Afterwards every method, Consumer.Consume and Stats
-	// included, returns an error wrapping ErrClosed.
+	// flight may still finish. Afterwards every method, Consumer.Consume, Stats and
+	// the settle methods of a message Consume delivered included, returns an error
+	// wrapping ErrClosed.
 	Close() error
 }

@@ -10,3 +10,8 @@ func TestExternalNATS_ANilSendAndTimesOutOfRangeAreRefusedOrClampedAndLoseNothin
 	t.Parallel()
 	checkOutOfRangeInput(t, newExternalFixture(t).broker(t), false)
 }
+
+func TestExternalNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
+	t.Parallel()
+	checkSettlingAfterCloseIsErrClosed(t, newExternalFixture(t).broker(t))
+}

@@ -140,3 +140,46 @@ func TestEmbeddedNATS_ANilSendAndTimesOutOfRangeAreRefusedOrClampedAndLoseNothin
 }
 
 // checkSettlingAfterCloseIsErrClosed holds a message the worker delivered, closes b and
+// settles the message every way: each wraps ErrClosed.
+func checkSettlingAfterCloseIsErrClosed(t *testing.T, b Broker) {
+	t.Helper()
+	ctx := testCtx(t)
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
+	require.NoError(t, b.Publish(ctx, Topic{Tenant: "acme", Table: "held"}, []byte("held")))
+	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	held := make(chan *Message, 1)
+	stop, _, err := c.Consume(func(m *Message) error {
+		select {
+		case held <- m:
+		default:
+		}
+		return nil // held for a batch, settled later
+	}, 1)
+	require.NoError(t, err)
+	defer stop()
+	var m *Message
+	select {
+	case m = <-held:
+	case <-ctx.Done():
+		t.Fatal("nothing delivered")
+	}
+	require.NoError(t, b.Close())
+	for _, s := range []struct {
+		name   string
+		settle func() error
+	}{
+		{"Ack", m.Ack},
+		{"DoubleAck", func() error { return m.DoubleAck(ctx) }},
+		{"Nak", m.Nak},
+		{"NakWithDelay", func() error { return m.NakWithDelay(time.Second) }},
+		{"InProgress", m.InProgress},
+	} {
+		err := s.settle()
+		assert.ErrorIs(t, err, ErrClosed, "%s after Close: %v", s.name, err)
+	}
+}
+
+func TestEmbeddedNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
+	checkSettlingAfterCloseIsErrClosed(t, openEmbedded(t, ""))
+}
