@@ -1,10 +1,12 @@
 package mq
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -182,4 +184,84 @@ func checkSettlingAfterCloseIsErrClosed(t *testing.T, b Broker) {
 
 func TestEmbeddedNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
 	checkSettlingAfterCloseIsErrClosed(t, openEmbedded(t, ""))
+}
+
+// publishReplayable publishes the events "0" to "n-1" on topic and waits until a replay
+// yields them all; it returns them in order.
+func publishReplayable(t *testing.T, b Broker, topic Topic, n int) []string {
+	t.Helper()
+	ctx := testCtx(t)
+	want := make([]string, n)
+	for i := range n {
+		want[i] = fmt.Sprint(i)
+		require.NoError(t, b.Publish(ctx, topic, []byte(want[i])))
+	}
+	require.Eventually(t, func() bool { return len(replayAll(t, b, topic, time.Time{})) == n },
+		10*time.Second, 20*time.Millisecond, "the history never held all %d events", n)
+	return want
+}
+
+// replayConsumers lists the ephemeral consumers on the history filtered to subject:
+// the replays' own.
+func replayConsumers(t *testing.T, js jetstream.JetStream, history, subject string) []*jetstream.ConsumerInfo {
+	t.Helper()
+	ctx := testCtx(t)
+	s, err := js.Stream(ctx, history)
+	require.NoError(t, err)
+	var out []*jetstream.ConsumerInfo
+	infos := s.ListConsumers(ctx)
+	for ci := range infos.Info() {
+		if ci.Config.FilterSubject == subject {
+			out = append(out, ci)
+		}
+	}
+	require.NoError(t, infos.Err())
+	return out
+}
+
+func TestReplay_AConsumerLostUnderTheReplayIsCreatedAgainFromTheNextEvent(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "lost-consumer"}
+	want := publishReplayable(t, e, topic, replayBatch+44)
+	subject, _, err := e.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	var got []string
+	err = e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
+		got = append(got, string(m.Data))
+		if len(got) == replayBatch {
+			// The whole first batch is in. Delete the replay's consumer, as a failed node
+			// takes its R1 consumer with it: the next pull finds no responders.
+			cons := replayConsumers(t, e.js, e.topo.HistoryStream, subject)
+			require.Len(t, cons, 1)
+			require.NoError(t, e.js.DeleteConsumer(ctx, e.topo.HistoryStream, cons[0].Name))
+		}
+		return true
+	})
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "every event, once each, in order")
+}
+
+func TestReplay_EventsThatLeftTheHistoryDuringTheReplayEndItWithNil(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "aged"}
+	want := publishReplayable(t, e, topic, replayBatch+44)
+	subject, _, err := e.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	var got []string
+	err = e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
+		got = append(got, string(m.Data))
+		if len(got) == replayBatch {
+			// What is left ages out of the history before the replay reaches it.
+			hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
+			require.NoError(t, err)
+			require.NoError(t, hist.Purge(ctx, jetstream.WithPurgeSubject(subject)))
+		}
+		return true
+	})
+	require.NoError(t, err, "events gone from the history are not a failure")
+	assert.Equal(t, want[:replayBatch], got)
 }
