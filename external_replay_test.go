@@ -79,6 +79,44 @@ func TestReplay_ALostBatchIsAskedForAgainNotEndedEarly(t *testing.T) {
 	assert.Equal(t, want, got, "every event, once each, in order")
 }
 
+func TestReplay_AServerThatStopsAnsweringIsUnavailableBeforeTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		dropAt int // events sent before the server's answers stop arriving
+	}{
+		{"BeforeTheReplayStarts", 0},
+		{"AfterTheFirstBatch", replayBatch},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, p, e := proxiedBroker(t, 500*time.Millisecond)
+			setup := testCtx(t)
+			require.NoError(t, e.SetMaxBytes(setup, "acme", 1<<20))
+			topic := Topic{Tenant: "acme", Table: "silent"}
+			publishReplayable(t, e, topic, replayBatch+44)
+			if c.dropAt == 0 {
+				p.dropFromServer()
+			}
+			// The caller's deadline is far beyond the broker's own bound.
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			sent := 0
+			err := e.ReplaySince(ctx, topic, time.Time{}, func(*Message) bool {
+				sent++
+				if sent == c.dropAt {
+					p.dropFromServer()
+				}
+				return true
+			})
+			require.ErrorIs(t, err, ErrUnavailable)
+			require.NoError(t, ctx.Err(), "the replay waited for the caller's deadline, not its own bound: %v", err)
+			assert.Equal(t, c.dropAt, sent)
+			p.cut() // Close drains over a fresh connection
+		})
+	}
+}
+
 func TestExternalNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
 	t.Parallel()
 	checkSettlingAfterCloseIsErrClosed(t, newExternalFixture(t).broker(t))
