@@ -142,6 +142,9 @@ func (r *replayRun) pull(send func(*Message) bool) (bool, error) {
 	defer cancelFetch()
 	batch, err := r.cons.Fetch(int(min(r.owed, replayBatch)), jetstream.FetchContext(fetch))
 	if err != nil {
+		if fetch.Err() != nil {
+			return false, r.spent(err) // the wait ran out as the pull was being sent
+		}
 		return false, r.failed(err)
 	}
 	got, gap := 0, false
@@ -289,7 +292,7 @@ func (r *replayRun) failed(err error) error {
 	case r.ctx.Err() != nil && !r.c.closed.Load():
 		return fmt.Errorf("replay %s: %w", r.subject, r.ctx.Err())
 	case transient(err) && !r.c.closed.Load():
-		if r.stall != nil && r.stall != err {
+		if r.stall != nil && !errors.Is(err, r.stall) {
 			return fmt.Errorf("%w: replay %s: no answer within %s (%v): %w", ErrUnavailable, r.subject, r.c.topo.PublishTimeout, r.stall, err)
 		}
 		return fmt.Errorf("%w: replay %s: no answer within %s: %w", ErrUnavailable, r.subject, r.c.topo.PublishTimeout, err)
