@@ -53,6 +53,14 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 	if afterAnyStored(since) {
 		return nil // nothing is stored that late
 	}
+	// Close ends a replay as it stops a consumer: whatever request or wait it is in.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	id, ok := c.track(cancel)
+	if !ok {
+		return fmt.Errorf("replay %s: %w", subject, ErrClosed)
+	}
+	defer c.untrack(id)
 	r := &replayRun{c: c, ctx: ctx, subject: subject, since: since}
 	err = r.run(send)
 	if !errors.Is(err, ErrUnavailable) {
@@ -285,13 +293,18 @@ func (r *replayRun) ask(ctx context.Context, req func(context.Context) error) er
 	}
 }
 
-// failed maps what ended the replay: the caller's error once its context is done; a
+// failed maps what ended the replay: ErrClosed once the broker is closing, whatever
+// the failure it caused looks like; the caller's error once its context is done; a
 // transient failure, whose bound ran out, ErrUnavailable; the rest as any request's.
 func (r *replayRun) failed(err error) error {
 	switch {
-	case r.ctx.Err() != nil && !r.c.closed.Load():
+	case r.c.closed.Load() && r.ctx.Err() != nil:
+		return fmt.Errorf("replay %s: %w", r.subject, ErrClosed) // Close cancelled it: no context's error
+	case r.c.closed.Load():
+		return fmt.Errorf("replay %s: %w: %w", r.subject, ErrClosed, err)
+	case r.ctx.Err() != nil:
 		return fmt.Errorf("replay %s: %w", r.subject, r.ctx.Err())
-	case transient(err) && !r.c.closed.Load():
+	case transient(err):
 		if r.stall != nil && !errors.Is(err, r.stall) {
 			return fmt.Errorf("%w: replay %s: no answer within %s (%v): %w", ErrUnavailable, r.subject, r.c.topo.PublishTimeout, r.stall, err)
 		}

@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -264,4 +265,49 @@ func TestReplay_EventsThatLeftTheHistoryDuringTheReplayEndItWithNil(t *testing.T
 	})
 	require.NoError(t, err, "events gone from the history are not a failure")
 	assert.Equal(t, want[:replayBatch], got)
+}
+
+func TestReplay_CloseDuringAPullIsErrClosed(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "closing"}
+	publishReplayable(t, e, topic, replayBatch+44)
+	subject, _, err := e.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	sent := 0
+	err = e.ReplaySince(ctx, topic, time.Time{}, func(*Message) bool {
+		sent++
+		if sent == replayBatch {
+			// Empty what is left, so the next pull waits; close the broker while it does.
+			hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
+			require.NoError(t, err)
+			require.NoError(t, hist.Purge(ctx, jetstream.WithPurgeSubject(subject)))
+			go func() { closed <- closeWhilePulling(ctx, e, subject) }()
+		}
+		return true
+	})
+	require.ErrorIs(t, err, ErrClosed)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	require.NoError(t, <-closed)
+}
+
+// closeWhilePulling closes e once a pull of the replay consumer filtered to subject
+// is waiting on the server.
+func closeWhilePulling(ctx context.Context, e *EmbeddedNATS, subject string) error {
+	hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		infos := hist.ListConsumers(ctx)
+		for ci := range infos.Info() {
+			if ci.Config.FilterSubject == subject && ci.NumWaiting > 0 {
+				return e.Close()
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return ctx.Err()
 }
