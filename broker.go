@@ -339,7 +339,10 @@ type Replayer interface {
 	// stored at or after since, in order, up to what was stored when the replay
 	// started: it never chases the live tail, which the caller's subscription already
 	// sees. It stops when send returns false. Running out is a nil end; a failure
-	// before that is an error, never an early nil; a done ctx returns ctx's error.
+	// before that is an error, never an early nil: ErrUnavailable when the broker
+	// stops answering (within its own bound on each request, for the NATS brokers
+	// PublishTimeout, whatever ctx allows), ErrInvalidTopic, ErrClosed; a done ctx
+	// returns ctx's error.
 	// since is compared with the Timestamp the replayed messages carry (for the NATS
 	// brokers the history's stored time, a little after Publish returned), so take it
 	// from a delivered Message rather than from the caller's clock. Results are
