@@ -323,8 +323,12 @@ type DeadLetterer interface {
 type Purger interface {
 	// PurgeAcked removes, for each tenant, events that are both acknowledged through
 	// the named consumer and stored before the tenant's cutoff in olderThan; a tenant
-	// absent from the map keeps nothing it acknowledged. It reports whether anything
-	// was removed. A consumer name the broker cannot map is ErrConsumerNotFound. A
+	// absent from the map keeps nothing it acknowledged. Results are monotone in the
+	// cutoff for any time.Time: a cutoff earlier than any stored time (for the NATS
+	// brokers, before 1677-09-21, the start of an int64 of nanoseconds) removes nothing
+	// of that tenant, and one later than any (after 2262-04-11) is "now or later": it
+	// removes everything the tenant acknowledged. It reports whether anything was
+	// removed. A consumer name the broker cannot map is ErrConsumerNotFound. A
 	// broker whose retention belongs to the operator removes nothing and reports false.
 	PurgeAcked(ctx context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error)
 }
@@ -335,10 +339,19 @@ type Replayer interface {
 	// stored at or after since, in order, up to what was stored when the replay
 	// started: it never chases the live tail, which the caller's subscription already
 	// sees. It stops when send returns false. Running out is a nil end; a failure
-	// before that is an error, never an early nil; a done ctx returns ctx's error.
+	// before that is an error, never an early nil: ErrUnavailable when the broker
+	// stops answering (within its own bound on each request, for the NATS brokers
+	// PublishTimeout, whatever ctx allows), ErrInvalidTopic, ErrClosed; a done ctx
+	// returns ctx's error.
 	// since is compared with the Timestamp the replayed messages carry (for the NATS
 	// brokers the history's stored time, a little after Publish returned), so take it
-	// from a delivered Message rather than from the caller's clock.
+	// from a delivered Message rather than from the caller's clock. Results are
+	// monotone in since for any time.Time, so a since taken from a client can never
+	// replay the whole history by overflowing: one earlier than any stored time (the
+	// zero Time, or for the NATS brokers anything before 1677-09-21, the start of an
+	// int64 of nanoseconds) replays from the beginning, one later than any (after
+	// 2262-04-11) replays nothing. A nil send is refused with an error before anything
+	// is read.
 	ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error
 }
 
@@ -376,7 +389,8 @@ type Broker interface {
 	Stats() (Stats, error)
 	// Close stops every consumer and subscription (none reports failed), then releases
 	// the broker. It is idempotent. No handler call starts after it returned; one in
-	// flight may still finish. Afterwards every method, Consumer.Consume and Stats
-	// included, returns an error wrapping ErrClosed.
+	// flight may still finish. Afterwards every method, Consumer.Consume, Stats and
+	// the settle methods of a message Consume delivered included, returns an error
+	// wrapping ErrClosed.
 	Close() error
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// deadLetter parks msg's data and headers under its own topic key on the dead-letter
 // stream, with a fresh message id.
 func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) error {
 	if err := c.checkOpen(); err != nil {

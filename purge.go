@@ -164,9 +164,13 @@ func sourceSeq(header, stream string) (uint64, bool) {
 }
 
 // firstStoredAtOrAfter returns the history sequence of the first event matching filter
-// stored at or after at, or 0 when there is none.
+// stored at or after at, or 0 when there is none. A time outside what a stored time can
+// be never reaches the server, which would wrap it around (see storedtime.go).
 func (e *EmbeddedNATS) firstStoredAtOrAfter(ctx context.Context, filter string, at time.Time) (uint64, error) {
-	cons, err := e.js.CreateConsumer(ctx, e.topo.HistoryStream, jetstream.ConsumerConfig{
+	if afterAnyStored(at) {
+		return 0, nil
+	}
+	cfg := jetstream.ConsumerConfig{
 		AckPolicy:         jetstream.AckNonePolicy,
 		FilterSubject:     filter,
 		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
@@ -174,7 +178,11 @@ func (e *EmbeddedNATS) firstStoredAtOrAfter(ctx context.Context, filter string, 
 		InactiveThreshold: ephemeralInactive,
 		MemoryStorage:     true,
 		Replicas:          1,
-	})
+	}
+	if beforeAnyStored(at) {
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverAllPolicy, nil
+	}
+	cons, err := e.js.CreateConsumer(ctx, e.topo.HistoryStream, cfg)
 	if err != nil {
 		return 0, e.core.mapRequestError("stream "+e.topo.HistoryStream+": find cutoff", err)
 	}

@@ -26,7 +26,8 @@ type NATSTopology struct {
 	// HistoryStream names the history. Default "<PREFIX>_HISTORY".
 	HistoryStream string
 
-	// PublishTimeout bounds each publish attempt. Default 5s.
+	// PublishTimeout bounds each publish attempt, and each request of a replay
+	// (with the wait for its next event). Default 5s.
 	PublishTimeout time.Duration
 	// AckWait is the worker's ack wait; the durable's must be at least this. Default 60s.
 	AckWait time.Duration

@@ -108,7 +108,7 @@ func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Cons
 			_ = m.Nak()
 			return
 		}
-		if err := handler(c.message(ctx, m, c.settler(m))); err != nil {
+		if err := handler(c.message(ctx, m, c.settlement(m))); err != nil {
 			_ = m.Nak()
 		}
 	}, jetstream.PullMaxMessages(share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
@@ -146,6 +146,41 @@ func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Cons
 		d.ended(err)
 	}()
 	return nil
+}
+
+// settlement is how a delivered message settles: through the broker's settler (which
+// may observe it, see natsCore.settler), its failures mapped as every other method's
+// are, so a message held past Close settles with ErrClosed rather than the client's
+// bare "connection closed".
+func (c *natsCore) settlement(m jetstream.Msg) Settler {
+	return settlement{Settler: c.settler(m), core: c, subject: m.Subject()}
+}
+
+type settlement struct {
+	Settler
+	core    *natsCore
+	subject string
+}
+
+func (s settlement) Ack() error { return s.failed("ack", s.Settler.Ack()) }
+
+func (s settlement) DoubleAck(ctx context.Context) error {
+	return s.failed("double ack", s.Settler.DoubleAck(ctx))
+}
+
+func (s settlement) Nak() error { return s.failed("nak", s.Settler.Nak()) }
+
+func (s settlement) NakWithDelay(delay time.Duration) error {
+	return s.failed("nak with delay", s.Settler.NakWithDelay(delay))
+}
+
+func (s settlement) InProgress() error { return s.failed("in progress", s.Settler.InProgress()) }
+
+func (s settlement) failed(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return s.core.mapRequestError(what+" "+s.subject, err)
 }
 
 // durableGone returns an error wrapping jetstream.ErrConsumerDeleted when the durable

@@ -27,6 +27,7 @@ func closeCases() []testCase {
 		{"ConsumeAfterCloseReturnsErrClosed", always, consumeAfterClose},
 		{"CloseStopsConsumeWithoutReportingFailed", always, closeStopsConsume},
 		{"NoHandlerStartsAfterCloseReturns", always, noHandlerAfterClose},
+		{"SettlingAHeldMessageAfterCloseReturnsErrClosed", always, settleAfterClose},
 	}
 }
 
@@ -176,4 +177,28 @@ func noHandlerAfterClose(t *testing.T, h Harness) {
 	time.Sleep(quiet)
 	assert.Zero(t, late.Load(), "handler calls began after Close returned")
 	noFailure(t, failed)
+}
+
+// settleAfterClose: a message the worker delivered and the handler held unsettled (as
+// for a batch) cannot be settled once the broker is closed: every settle method
+// returns an error wrapping ErrClosed.
+func settleAfterClose(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c := e.consume(mq.ConsumerConfig{}, func(*mq.Message) error { return nil })
+	e.publish(topic(Acme, "held", ""), "held")
+	m := next(t, c.deliveries, 1)[0].msg
+	require.NoError(t, e.b.Close())
+	for _, s := range []struct {
+		name   string
+		settle func() error
+	}{
+		{"Ack", m.Ack},
+		{"DoubleAck", func() error { return m.DoubleAck(e.ctx) }},
+		{"Nak", m.Nak},
+		{"NakWithDelay", func() error { return m.NakWithDelay(time.Second) }},
+		{"InProgress", m.InProgress},
+	} {
+		err := s.settle()
+		assert.ErrorIs(t, err, mq.ErrClosed, "%s after Close: %v", s.name, err)
+	}
 }

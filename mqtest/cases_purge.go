@@ -17,6 +17,7 @@ func purgeCases() []testCase {
 		{"PurgeAckedAppliesEachTenantsOwnCutoff", always, purgeAckedPerTenant},
 		{"PurgeAckedTenantAbsentFromTheMapKeepsNothingAcked", always, purgeAckedAbsentTenant},
 		{"PurgeAckedUnknownConsumer", always, purgeAckedUnknownConsumer},
+		{"PurgeAckedCutoffBeforeAnyStorableTimeKeepsAllAndAfterItPurgesAllAcked", always, purgeAckedOutOfRange},
 	}
 }
 
@@ -126,4 +127,29 @@ func purgeAckedUnknownConsumer(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrConsumerNotFound)
 	_, err = e.b.PurgeAcked(e.ctx, Durable, nil)
 	assert.NoError(t, err, "the worker's own durable")
+}
+
+// purgeAckedOutOfRange: a cutoff far in the past (before any time a broker can store)
+// removes nothing; one far in the future is "now or later": with PurgesAcked it removes
+// everything acknowledged, never the reverse by an overflow.
+func purgeAckedOutOfRange(t *testing.T, h Harness) {
+	e := setup(t, h)
+	e.ackedButLeft(Acme)
+	tp := topic(Acme, "p", "")
+	for _, past := range []time.Time{
+		time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC),
+		time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC),
+	} {
+		assert.False(t, e.purge(map[mq.TenantID]time.Time{Acme: past}), "a cutoff of %v removed something", past)
+		assert.Equal(t, purgeEvents, e.replay(tp, time.Time{}), "after a cutoff of %v", past)
+	}
+	future := time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+	purged := e.purge(map[mq.TenantID]time.Time{Acme: future})
+	assert.Equal(t, h.Caps.PurgesAcked, purged, "a cutoff of %v reported removal, Caps.PurgesAcked %v", future, h.Caps.PurgesAcked)
+	if h.Caps.PurgesAcked {
+		e.replayEventually(tp, time.Time{}, []string{"left"})
+		return
+	}
+	assert.Equal(t, purgeEvents, e.replay(tp, time.Time{}), "Caps.PurgesAcked is false, yet events left the history")
 }

@@ -22,6 +22,8 @@ func replayCases() []testCase {
 		{"ReplaySinceToASlowSendArrivesWholeAndInOrder", always, replaySinceSlowSend},
 		{"ReplaySinceDoesNotSendEventsPublishedDuringIt", always, replaySinceNoTail},
 		{"ReplaySinceSendsMessagesWithTopicDataHeadersAndTimestamp", always, replaySinceMessageShape},
+		{"ReplaySinceRefusesANilSendAndLosesNothing", always, replaySinceNilSend},
+		{"ReplaySinceBeforeAnyStorableTimeIsEverythingAndAfterItNothing", always, replaySinceOutOfRange},
 	}
 }
 
@@ -241,4 +243,42 @@ func replaySinceMessageShape(t *testing.T, h Harness) {
 	assert.NoError(t, m.Ack(), "a replayed message's Ack")
 	assert.NoError(t, m.Nak(), "a replayed message's Nak")
 	assert.NoError(t, m.DoubleAck(e.ctx), "a replayed message's DoubleAck")
+}
+
+// replaySinceNilSend: a nil send is refused with an error, never a panic, even with
+// events to send, and the events are still all there.
+func replaySinceNilSend(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := e.twoReplayable()
+	var err error
+	require.NotPanics(t, func() { err = e.b.ReplaySince(e.ctx, tp, time.Time{}, nil) }, "ReplaySince with a nil send")
+	require.Error(t, err, "ReplaySince with a nil send")
+	assert.False(t, isContextErr(err), "the error is a context's: %v", err)
+	assert.Equal(t, []string{"one", "two"}, e.replay(tp, time.Time{}))
+}
+
+// replaySinceOutOfRange: a since far in the past (before any time a broker can store,
+// however it counts time) replays everything, one far in the future nothing: never the
+// reverse by an overflow, so a since taken from a client cannot replay the whole
+// history by being absurd.
+func replaySinceOutOfRange(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := e.twoReplayable()
+	all := []string{"one", "two"}
+	for _, c := range []struct {
+		since time.Time
+		want  []string
+	}{
+		{time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC), all},
+		{time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), all},
+		{time.Date(1677, 9, 21, 0, 0, 0, 0, time.UTC), all},
+		{time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), all},
+		{time.Date(2262, 4, 12, 0, 0, 0, 0, time.UTC), []string{}},
+		{time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), []string{}},
+		{time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), []string{}},
+	} {
+		got, err := e.tryReplay(tp, c.since, 0)
+		require.NoError(t, err, "replay since %v", c.since)
+		assert.Equal(t, c.want, got, "replay since %v", c.since)
+	}
 }

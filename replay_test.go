@@ -1,0 +1,313 @@
+package mq
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// replayAll gathers a whole replay of topic since since, requiring a nil end.
+func replayAll(t *testing.T, b Broker, topic Topic, since time.Time) []string {
+	t.Helper()
+	got := []string{}
+	require.NoError(t, b.ReplaySince(testCtx(t), topic, since, func(m *Message) bool {
+		got = append(got, string(m.Data))
+		return true
+	}), "replay %+v since %v", topic, since)
+	return got
+}
+
+// Times at the edges of what an int64 of nanoseconds since 1970 holds, which is what
+// JetStream compares stored times in.
+var (
+	firstNanoTime = time.Unix(0, math.MinInt64).UTC()
+	lastNanoTime  = time.Unix(0, math.MaxInt64).UTC()
+)
+
+// checkOutOfRangeInput stores four events on b (three acknowledged), then feeds replay
+// and purge a nil send and times outside the int64-nanosecond range: each is refused
+// or gives the monotone result (a since before the range replays everything, after it
+// nothing; a cutoff before it purges nothing, after it everything acknowledged), and
+// nothing stored is lost on the way. purges says whether b's PurgeAcked removes
+// anything at all.
+func checkOutOfRangeInput(t *testing.T, b Broker, purges bool) {
+	t.Helper()
+	ctx := testCtx(t)
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "range"}
+	stored := []string{"a", "b", "c", "left"}
+	for _, d := range stored {
+		require.NoError(t, b.Publish(ctx, topic, []byte(d)))
+	}
+	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	acked := make(chan string, len(stored))
+	stop, _, err := c.Consume(func(m *Message) error {
+		if string(m.Data) != "left" {
+			if err := m.DoubleAck(ctx); err != nil {
+				return err
+			}
+		}
+		acked <- string(m.Data)
+		return nil
+	}, 16)
+	require.NoError(t, err)
+	for range stored {
+		select {
+		case <-acked:
+		case <-ctx.Done():
+			t.Fatal("the worker did not receive every event")
+		}
+	}
+	stop()
+	require.Eventually(t, func() bool { return len(replayAll(t, b, topic, time.Time{})) == len(stored) },
+		10*time.Second, 20*time.Millisecond)
+
+	for _, r := range []struct {
+		name  string
+		since time.Time
+		want  []string
+	}{
+		{"SinceInYear1600IsFromTheBeginning", time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), stored},
+		{"SinceJustBeforeTheRangeIsFromTheBeginning", firstNanoTime.Add(-time.Nanosecond), stored},
+		{"SinceAtTheRangesStartIsFromTheBeginning", firstNanoTime, stored},
+		{"SinceInYear1IsFromTheBeginning", time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC), stored},
+		{"SinceBeforeYear0IsFromTheBeginning", time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC), stored},
+		{"SinceAtTheRangesEndIsNothing", lastNanoTime, []string{}},
+		{"SinceJustAfterTheRangeIsNothing", lastNanoTime.Add(time.Nanosecond), []string{}},
+		{"SinceOn2262-04-12IsNothing", time.Date(2262, 4, 12, 0, 0, 0, 0, time.UTC), []string{}},
+		{"SinceInYear9999IsNothing", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), []string{}},
+		{"SinceAfterYear9999IsNothing", time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), []string{}},
+	} {
+		t.Run("Replay"+r.name, func(t *testing.T) {
+			got := []string{}
+			err := b.ReplaySince(ctx, topic, r.since, func(m *Message) bool {
+				got = append(got, string(m.Data))
+				return true
+			})
+			require.NoError(t, err)
+			assert.Equal(t, r.want, got)
+		})
+	}
+
+	t.Run("ReplayRefusesANilSend", func(t *testing.T) {
+		var err error
+		require.NotPanics(t, func() { err = b.ReplaySince(ctx, topic, time.Time{}, nil) })
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "nil send")
+		assert.Equal(t, stored, replayAll(t, b, topic, time.Time{}), "stored events are all still there")
+	})
+
+	for _, p := range []struct {
+		name   string
+		cutoff time.Time
+		purged bool
+		left   []string
+	}{
+		{"PurgeCutoffInYear1600PurgesNothing", time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), false, stored},
+		{"PurgeCutoffJustBeforeTheRangePurgesNothing", firstNanoTime.Add(-time.Nanosecond), false, stored},
+		{"PurgeCutoffBeforeYear0PurgesNothing", time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC), false, stored},
+		// Last: it purges what the others must keep.
+		{"PurgeCutoffInYear9999PurgesEverythingAcknowledged", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), purges, []string{"left"}},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			purged, err := b.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"acme": p.cutoff})
+			require.NoError(t, err)
+			assert.Equal(t, p.purged, purged, "reported a removal")
+			want := p.left
+			if !purges {
+				want = stored
+			}
+			assert.Equal(t, want, replayAll(t, b, topic, time.Time{}), "what the history keeps")
+		})
+	}
+	t.Run("PurgeCutoffAfterTheRangePurgesEverythingAcknowledged", func(t *testing.T) {
+		_, err := b.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"acme": time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)})
+		require.NoError(t, err)
+		want := []string{"left"}
+		if !purges {
+			want = stored
+		}
+		assert.Equal(t, want, replayAll(t, b, topic, time.Time{}), "the unacknowledged event survives any cutoff")
+	})
+}
+
+func TestEmbeddedNATS_ANilSendAndTimesOutOfRangeAreRefusedOrClampedAndLoseNothing(t *testing.T) {
+	checkOutOfRangeInput(t, openEmbedded(t, ""), true)
+}
+
+// checkSettlingAfterCloseIsErrClosed holds a message the worker delivered, closes b and
+// settles the message every way: each wraps ErrClosed.
+func checkSettlingAfterCloseIsErrClosed(t *testing.T, b Broker) {
+	t.Helper()
+	ctx := testCtx(t)
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
+	require.NoError(t, b.Publish(ctx, Topic{Tenant: "acme", Table: "held"}, []byte("held")))
+	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	held := make(chan *Message, 1)
+	stop, _, err := c.Consume(func(m *Message) error {
+		select {
+		case held <- m:
+		default:
+		}
+		return nil // held for a batch, settled later
+	}, 1)
+	require.NoError(t, err)
+	defer stop()
+	var m *Message
+	select {
+	case m = <-held:
+	case <-ctx.Done():
+		t.Fatal("nothing delivered")
+	}
+	require.NoError(t, b.Close())
+	for _, s := range []struct {
+		name   string
+		settle func() error
+	}{
+		{"Ack", m.Ack},
+		{"DoubleAck", func() error { return m.DoubleAck(ctx) }},
+		{"Nak", m.Nak},
+		{"NakWithDelay", func() error { return m.NakWithDelay(time.Second) }},
+		{"InProgress", m.InProgress},
+	} {
+		err := s.settle()
+		assert.ErrorIs(t, err, ErrClosed, "%s after Close: %v", s.name, err)
+	}
+}
+
+func TestEmbeddedNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
+	checkSettlingAfterCloseIsErrClosed(t, openEmbedded(t, ""))
+}
+
+// publishReplayable publishes the events "0" to "n-1" on topic and waits until a replay
+// yields them all; it returns them in order.
+func publishReplayable(t *testing.T, b Broker, topic Topic, n int) []string {
+	t.Helper()
+	ctx := testCtx(t)
+	want := make([]string, n)
+	for i := range n {
+		want[i] = fmt.Sprint(i)
+		require.NoError(t, b.Publish(ctx, topic, []byte(want[i])))
+	}
+	require.Eventually(t, func() bool { return len(replayAll(t, b, topic, time.Time{})) == n },
+		10*time.Second, 20*time.Millisecond, "the history never held all %d events", n)
+	return want
+}
+
+// replayConsumers lists the ephemeral consumers on the history filtered to subject:
+// the replays' own.
+func replayConsumers(t *testing.T, js jetstream.JetStream, history, subject string) []*jetstream.ConsumerInfo {
+	t.Helper()
+	ctx := testCtx(t)
+	s, err := js.Stream(ctx, history)
+	require.NoError(t, err)
+	var out []*jetstream.ConsumerInfo
+	infos := s.ListConsumers(ctx)
+	for ci := range infos.Info() {
+		if ci.Config.FilterSubject == subject {
+			out = append(out, ci)
+		}
+	}
+	require.NoError(t, infos.Err())
+	return out
+}
+
+func TestReplay_AConsumerLostUnderTheReplayIsCreatedAgainFromTheNextEvent(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "lost-consumer"}
+	want := publishReplayable(t, e, topic, replayBatch+44)
+	subject, _, err := e.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	var got []string
+	err = e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
+		got = append(got, string(m.Data))
+		if len(got) == replayBatch {
+			// The whole first batch is in. Delete the replay's consumer, as a failed node
+			// takes its R1 consumer with it: the next pull finds no responders.
+			cons := replayConsumers(t, e.js, e.topo.HistoryStream, subject)
+			require.Len(t, cons, 1)
+			require.NoError(t, e.js.DeleteConsumer(ctx, e.topo.HistoryStream, cons[0].Name))
+		}
+		return true
+	})
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "every event, once each, in order")
+}
+
+func TestReplay_EventsThatLeftTheHistoryDuringTheReplayEndItWithNil(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "aged"}
+	want := publishReplayable(t, e, topic, replayBatch+44)
+	subject, _, err := e.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	var got []string
+	err = e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
+		got = append(got, string(m.Data))
+		if len(got) == replayBatch {
+			// What is left ages out of the history before the replay reaches it.
+			hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
+			require.NoError(t, err)
+			require.NoError(t, hist.Purge(ctx, jetstream.WithPurgeSubject(subject)))
+		}
+		return true
+	})
+	require.NoError(t, err, "events gone from the history are not a failure")
+	assert.Equal(t, want[:replayBatch], got)
+}
+
+func TestReplay_CloseDuringAPullIsErrClosed(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "closing"}
+	publishReplayable(t, e, topic, replayBatch+44)
+	subject, _, err := e.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	sent := 0
+	err = e.ReplaySince(ctx, topic, time.Time{}, func(*Message) bool {
+		sent++
+		if sent == replayBatch {
+			// Empty what is left, so the next pull waits; close the broker while it does.
+			hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
+			require.NoError(t, err)
+			require.NoError(t, hist.Purge(ctx, jetstream.WithPurgeSubject(subject)))
+			go func() { closed <- closeWhilePulling(ctx, e, subject) }()
+		}
+		return true
+	})
+	require.ErrorIs(t, err, ErrClosed)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	require.NoError(t, <-closed)
+}
+
+// closeWhilePulling closes e once a pull of the replay consumer filtered to subject
+// is waiting on the server.
+func closeWhilePulling(ctx context.Context, e *EmbeddedNATS, subject string) error {
+	hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		infos := hist.ListConsumers(ctx)
+		for ci := range infos.Info() {
+			if ci.Config.FilterSubject == subject && ci.NumWaiting > 0 {
+				return e.Close()
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return ctx.Err()
+}
