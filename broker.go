@@ -232,8 +232,10 @@ type PublishOpt func(h Headers)
 // except HeaderIdempotencyKey, which WithIdempotencyKey sets.
 func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(key, value) } }
 
-// WithIdempotencyKey makes the publish idempotent: a second publish with the same key
-// within the broker's duplicate window is dropped and reported as success.
+// WithIdempotencyKey makes the publish or park idempotent: a second one with the same
+// key within the broker's duplicate window is dropped and reported as success. Keys are
+// scoped to the tenant: two tenants' equal keys never collide, on Publish or on
+// DeadLetter.
 func WithIdempotencyKey(key string) PublishOpt {
 	return func(h Headers) { h.Set(HeaderIdempotencyKey, key) }
 }
@@ -311,7 +313,9 @@ type DeadLetterCounts struct {
 type DeadLetterer interface {
 	// DeadLetter stores msg's data and headers on the dead-letter queue under msg's own
 	// topic, with the option headers added. It does not settle msg: the caller acks it
-	// once the park is confirmed, so a failed park leaves it to be redelivered.
+	// once the park is confirmed, so a failed park leaves it to be redelivered. msg's
+	// own idempotency key is not reused; one set by an option is scoped to msg's
+	// tenant, as on Publish.
 	DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error
 	// DeadLetterCounts counts tenant's parked events per table. A non-empty table
 	// narrows Tables to that table and all its scopes; Total is never narrowed. A read

@@ -8,7 +8,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// stream, with a fresh message id.
+// deadLetter parks msg's data and headers under its own topic key on the dead-letter
+// stream. Its message id is never the original's (that left with its Nats- headers):
+// a fresh one, or the caller's idempotency key scoped to msg's tenant, as on Publish.
 func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) error {
 	if err := c.checkOpen(); err != nil {
 		return err
@@ -22,12 +24,13 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 			base[k] = v
 		}
 	}
-	ev, err := c.prepare(ctx, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
+	// The key's first token is the tenant, also for a key this package did not write:
+	// DeadLetterCounts counts that park under the same tenant.
+	tenant, _, _ := strings.Cut(msg.key, ".")
+	ev, err := c.prepare(ctx, tenant, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
 	if err != nil {
-		return err
+		return fmt.Errorf("dead letter: %w", err)
 	}
-	// The message's own id was left out with its Nats- headers: an id here is the
-	// caller's idempotency key, and without one the park gets a fresh id.
 	_, _, err = c.send(ctx, ev)
 	return err
 }

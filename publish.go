@@ -31,9 +31,13 @@ type outgoing struct {
 	data            []byte
 }
 
-// prepare builds the headers of an event from the options and ctx's trace context
-// and checks everything that can be checked before a send.
-func (c *natsCore) prepare(ctx context.Context, subject, stream string, base Headers, data []byte, opts []PublishOpt) (outgoing, error) {
+// prepare builds the headers of an event (base, then the options, then ctx's trace
+// context), gives it its message id and checks everything that can be checked before
+// a send. The id is the caller's idempotency key scoped to tenant, so two tenants'
+// equal keys never collide on a stream they share (a collision is a Duplicate: the
+// second event is dropped while its caller is told it was stored); without a key the
+// event gets a fresh id. Publish and DeadLetter both take their id from here.
+func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, base Headers, data []byte, opts []PublishOpt) (outgoing, error) {
 	h := make(Headers, len(base)+2)
 	for k, v := range base {
 		h[k] = append([]string(nil), v...)
@@ -45,6 +49,11 @@ func (c *natsCore) prepare(ctx context.Context, subject, stream string, base Hea
 		return outgoing{}, err
 	}
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier(h))
+	if key := h.Get(HeaderIdempotencyKey); key != "" {
+		h.Set(HeaderIdempotencyKey, tenant+"."+key)
+	} else {
+		h.Set(HeaderIdempotencyKey, nuid.Next())
+	}
 	if size, limit := len(data)+headerSize(h)+headerOverheadEstimate, c.nc.MaxPayload(); int64(size) > limit {
 		return outgoing{}, fmt.Errorf("%w: %s: %d bytes with headers, the server accepts %d",
 			ErrPayloadTooLarge, subject, size, limit)
@@ -102,10 +111,7 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
-	id := ev.header.Get(HeaderIdempotencyKey)
-	if id == "" {
-		id = nuid.Next()
-	}
+	id := ev.header.Get(HeaderIdempotencyKey) // prepare set it
 	var lastErr error
 	for attempt := 0; attempt <= publishRetries; attempt++ {
 		if attempt > 0 {
@@ -133,9 +139,8 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck
 	return nil, retried, c.mapPublishError(ev, lastErr)
 }
 
-// ingestEvent prepares topic's event for its partition, with a message id: a fresh
-// one, or the caller's idempotency key scoped to the tenant, so two tenants' keys
-// never collide on a shared partition.
+// ingestEvent prepares topic's event for its partition, its message id scoped to the
+// topic's tenant (see prepare).
 func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, opts []PublishOpt) (outgoing, error) {
 	if err := c.checkOpen(); err != nil {
 		return outgoing{}, err
@@ -144,14 +149,9 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
 	}
-	ev, err := c.prepare(ctx, subject, c.partitions[p], nil, data, opts)
+	ev, err := c.prepare(ctx, string(topic.Tenant), subject, c.partitions[p], nil, data, opts)
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
-	}
-	if key := ev.header.Get(HeaderIdempotencyKey); key != "" {
-		ev.header.Set(HeaderIdempotencyKey, string(topic.Tenant)+"."+key)
-	} else {
-		ev.header.Set(HeaderIdempotencyKey, nuid.Next())
 	}
 	return ev, nil
 }
