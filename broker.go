@@ -57,7 +57,8 @@ var (
 	// by the tenant wrap both this and ErrInvalidTopic.
 	ErrInvalidTenant = errors.New("mq: invalid tenant id")
 
-	// ErrInvalidHeader: a publish option set a header the broker reserves for itself.
+	// ErrInvalidHeader: a header the broker reserves for itself, or one it could not
+	// deliver exactly as given (see [Headers]). Nothing was sent.
 	ErrInvalidHeader = errors.New("mq: invalid header")
 
 	// ErrPayloadTooLarge: the event is larger than the broker accepts. Refused before
@@ -203,6 +204,15 @@ func (m *Message) InProgress() error {
 
 // Headers are an event's headers. Keys are exact: case-sensitive and never
 // canonicalised. The shape is that of NATS and HTTP headers.
+//
+// Every header is delivered exactly as published, or refused with ErrInvalidHeader
+// before anything is sent, on Publish and DeadLetter alike (a parked message's own
+// headers included). Refused: a name that is not an HTTP token (RFC 7230: letters,
+// digits and !#$%&'*+-.^_`|~ only, so no "/", "(", "@", "=", ",", blank, byte beyond
+// ASCII or control character), and a value with a line break (CR or LF) or with a
+// blank (space or tab) at either end, which NATS headers cannot carry. Any other
+// value is kept byte for byte: blanks inside, control characters, NUL, DEL, UTF-8 and
+// bytes that are not UTF-8.
 type Headers map[string][]string
 
 // Add appends value to key's values.
@@ -228,8 +238,9 @@ const HeaderIdempotencyKey = "Nats-Msg-Id"
 type PublishOpt func(h Headers)
 
 // WithHeader appends a header value; two calls with one key keep both values. Keys
-// starting with "Nats-" are reserved for the broker and refused with ErrInvalidHeader,
-// except HeaderIdempotencyKey, which WithIdempotencyKey sets.
+// starting with "Nats-" (in any case) are reserved for the broker and refused with
+// ErrInvalidHeader, except HeaderIdempotencyKey, which WithIdempotencyKey sets; so are
+// the names and values [Headers] cannot carry.
 func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(key, value) } }
 
 // WithIdempotencyKey makes the publish or park idempotent: a second one with the same

@@ -62,22 +62,48 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 }
 
 // validateHeaders refuses header names the broker reserves ("Nats-", except the
-// idempotency key) and names or values that cannot be written on the wire.
+// idempotency key) and any header NATS would not carry exactly as given. nats.go
+// refuses to encode a name that is not an HTTP token; it trims blanks (space, tab) at
+// either end of a value, and its decoder would skip leading ones anyway; and it
+// replaces a line break with a space. Every other byte of a value round-trips
+// (measured: control characters, NUL, DEL and bytes beyond ASCII). A value is never
+// echoed in the error: it may be anything.
 func validateHeaders(h Headers) error {
 	for k, vs := range h {
-		if k == "" || strings.ContainsAny(k, ": \t\r\n") {
-			return fmt.Errorf("%w: name %q", ErrInvalidHeader, k)
+		if !isToken(k) {
+			return fmt.Errorf("%w: name %q is not an HTTP token: use letters, digits and %s only", ErrInvalidHeader, k, tokenPunct)
 		}
 		if strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) && k != HeaderIdempotencyKey {
 			return fmt.Errorf("%w: %q: names starting with \"Nats-\" are reserved for the broker", ErrInvalidHeader, k)
 		}
-		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n") {
-				return fmt.Errorf("%w: %q: value contains a line break", ErrInvalidHeader, k)
+		for i, v := range vs {
+			switch {
+			case strings.ContainsAny(v, "\r\n"):
+				return fmt.Errorf("%w: %q: value %d contains a line break", ErrInvalidHeader, k, i)
+			case strings.Trim(v, " \t") != v:
+				return fmt.Errorf("%w: %q: value %d starts or ends with a blank, which NATS headers do not keep", ErrInvalidHeader, k, i)
 			}
 		}
 	}
 	return nil
+}
+
+// tokenPunct are the punctuation bytes of an HTTP token (RFC 7230 tchar), exactly the
+// ones nats.go encodes in a header name.
+const tokenPunct = "!#$%&'*+-.^_`|~"
+
+// isToken reports whether s is a non-empty HTTP token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(tokenPunct, c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func headerSize(h Headers) int {
@@ -208,6 +234,7 @@ func (c *natsCore) streamMissing(name string) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
+// headerCarrier lets the OpenTelemetry propagator read and write Headers with exact
 // keys (http.Header would canonicalise them).
 type headerCarrier Headers
 
