@@ -61,8 +61,10 @@ var (
 	// deliver exactly as given (see [Headers]). Nothing was sent.
 	ErrInvalidHeader = errors.New("mq: invalid header")
 
-	// ErrPayloadTooLarge: the event is larger than the broker accepts. Refused before
-	// anything is sent.
+	// ErrPayloadTooLarge: the event, its data with every header as sent (the broker's
+	// own included), is larger than the broker accepts. Nothing is stored: the NATS
+	// brokers refuse it before sending when it exceeds the server's max payload, and
+	// the stream refuses it on arrival when only the stream's own limit is lower.
 	ErrPayloadTooLarge = errors.New("mq: payload too large")
 
 	// ErrClosed: the broker was closed.

@@ -462,6 +462,18 @@ func TestRedactURL_HidesPasswords(t *testing.T) {
 	assert.NotContains(t, redactURL("u:pw@h:4222"), "pw")
 }
 
+// TestExternalNATS_BadInputIsRefusedWithItsSentinelAndLosesNothing runs the bad-input
+// table as the restricted application user.
+func TestExternalNATS_BadInputIsRefusedWithItsSentinelAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	testBadInputIsRefusedAndLosesNothing(t, inputRig{b: e, core: e.core,
+		parked: func(ctx context.Context, tenant TenantID) ([]*Message, error) {
+			return parkedFrom(ctx, f.admin, e.core, tenant)
+		}})
+}
+
 func TestExternalNATS_AnEventOverThePartitionsMessageSizeIsTooLarge(t *testing.T) {
 	t.Parallel()
 	f := newExternalFixture(t)

@@ -14,7 +14,6 @@ import (
 
 // What the server says when it refuses a publish, and what the broker reserves.
 const (
-	headerOverheadEstimate  = 64 // "NATS/1.0\r\n", the message id and the expected stream
 	reservedHeaderPrefix    = "nats-"
 	errTextMaxBytes         = "maximum bytes exceeded"
 	errTextMaxMsgsPerSubj   = "maximum messages per subject exceeded"
@@ -54,7 +53,7 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	} else {
 		h.Set(HeaderIdempotencyKey, nuid.Next())
 	}
-	if size, limit := len(data)+headerSize(h)+headerOverheadEstimate, c.nc.MaxPayload(); int64(size) > limit {
+	if size, limit := wireSize(h, stream, data), c.nc.MaxPayload(); int64(size) > limit {
 		return outgoing{}, fmt.Errorf("%w: %s: %d bytes with headers, the server accepts %d",
 			ErrPayloadTooLarge, subject, size, limit)
 	}
@@ -104,6 +103,24 @@ func isToken(s string) bool {
 		}
 	}
 	return true
+}
+
+// wireSize is what nats.go counts against the server's max payload for an event sent
+// with headers h through JetStream's publish to stream: the data and the header block
+// the client encodes ("NATS/1.0\r\n", one "name: value\r\n" line per value, a closing
+// "\r\n"), with the expected stream's line the client adds. h must hold the message id
+// already, and its values must be valid (the client trims blanks at their ends).
+func wireSize(h Headers, stream string, data []byte) int {
+	n := len(data) + len("NATS/1.0\r\n") + len("\r\n") + len(jetstream.ExpectedStreamHeader) + len(": \r\n") + len(stream)
+	for k, vs := range h {
+		if k == jetstream.ExpectedStreamHeader {
+			continue // replaced by the client's
+		}
+		for _, v := range vs {
+			n += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	return n
 }
 
 func headerSize(h Headers) int {
