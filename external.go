@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -169,16 +168,36 @@ func (c NATSConfig) validate() error {
 	return nil
 }
 
-// redactURL hides a password in a URL.
+// redactURL returns s fit for an error or a log: any userinfo (a token, a user, a
+// password) is replaced whole by "***", so neither it nor a part of it shows. It works
+// on the text, not on a parse: a URL that does not parse may carry credentials too,
+// and url.Redacted hides only a password. Everything between the scheme and the last
+// '@' is hidden: more than the userinfo when a path holds an '@', never less.
 func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if i := strings.LastIndex(s, "@"); i >= 0 {
-			return "***" + s[i:]
-		}
+	at := strings.LastIndex(s, "@")
+	if at < 0 {
 		return s
 	}
-	return u.Redacted()
+	scheme := ""
+	if i := strings.Index(s, "://"); i > 0 && i < at && isScheme(s[:i]) {
+		scheme = s[:i+len("://")]
+	}
+	return scheme + "***" + s[at:]
+}
+
+// isScheme reports whether s is a URL scheme (RFC 3986): a letter, then letters,
+// digits, "+", "-" or ".".
+func isScheme(s string) bool {
+	for i := range len(s) {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return s != ""
 }
 
 func redactURLs(urls []string) string {
