@@ -256,7 +256,9 @@ func WithIdempotencyKey(key string) PublishOpt {
 // Handler handles one delivered message. What a returned error means depends on the
 // path: on the worker path (Consume) the message is nak'ed for redelivery, so a handler
 // that returns an error must not also settle it; on the hub path (Subscribe) there is
-// nothing to redeliver and the error is logged.
+// nothing to redeliver and the error is logged. A handler that panics is treated as
+// one that returned an error, on both paths: the broker recovers the panic and logs
+// it with the topic and the stack, so one poison event never ends the process.
 type Handler func(*Message) error
 
 // Publisher stores events.

@@ -366,23 +366,6 @@ func TestExternalNATS_PurgeAckedRemovesNothingAndWarnsOncePerTenant(t *testing.T
 	require.ErrorIs(t, err, ErrConsumerNotFound)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestExternalNATS_ReplayToASlowClientArrivesWholeAndDoesNotChaseTheTail(t *testing.T) {
 	t.Parallel()
 	f := newExternalFixture(t)

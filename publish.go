@@ -24,6 +24,8 @@ const (
 	jsErrMsgTooLargeCode    = 10054
 )
 
+// outgoing is an event ready to send: its subject, the stream that must store it, its
+// headers (its message id included) and data.
 type outgoing struct {
 	subject, stream string
 	header          Headers
