@@ -366,6 +366,24 @@ func TestExternalNATS_PurgeAckedRemovesNothingAndWarnsOncePerTenant(t *testing.T
 	require.ErrorIs(t, err, ErrConsumerNotFound)
 }
 
+// TestExternalNATS_PurgeAckedWarnsOncePerTenantHoweverItsWindowGrows: a tenant whose
+// window exceeds the history is warned about once, not again each time its window has
+// grown (a fixed cutoff grows it a second per second).
+func TestExternalNATS_PurgeAckedWarnsOncePerTenantHoweverItsWindowGrows(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	var logs syncBuffer
+	e := f.broker(t, func(c *NATSConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	ctx := testCtx(t)
+	now := time.Now()
+	for _, window := range []time.Duration{time.Hour, time.Hour + time.Second, 2 * time.Hour, 48 * time.Hour} {
+		_, err := e.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"acme": now.Add(-window), "globex": now.Add(-2 * window)})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "tenant=acme"), "acme warned once: %s", logs.String())
+	assert.Equal(t, 1, strings.Count(logs.String(), "tenant=globex"), "globex warned once: %s", logs.String())
+}
+
 func TestExternalNATS_ReplayToASlowClientArrivesWholeAndDoesNotChaseTheTail(t *testing.T) {
 	t.Parallel()
 	f := newExternalFixture(t)
