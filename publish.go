@@ -99,12 +99,19 @@ func isToken(s string) bool {
 		return false
 	}
 	for i := range len(s) {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(tokenPunct, c) >= 0) {
+		if !isTokenByte(s[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+func isTokenByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte(tokenPunct, c) >= 0
 }
 
 // wireSize is what nats.go counts against the server's max payload for an event sent
