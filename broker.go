@@ -57,11 +57,14 @@ var (
 	// by the tenant wrap both this and ErrInvalidTopic.
 	ErrInvalidTenant = errors.New("mq: invalid tenant id")
 
-	// ErrInvalidHeader: a publish option set a header the broker reserves for itself.
+	// ErrInvalidHeader: a header the broker reserves for itself, or one it could not
+	// deliver exactly as given (see [Headers]). Nothing was sent.
 	ErrInvalidHeader = errors.New("mq: invalid header")
 
-	// ErrPayloadTooLarge: the event is larger than the broker accepts. Refused before
-	// anything is sent.
+	// ErrPayloadTooLarge: the event, its data with every header as sent (the broker's
+	// own included), is larger than the broker accepts. Nothing is stored: the NATS
+	// brokers refuse it before sending when it exceeds the server's max payload, and
+	// the stream refuses it on arrival when only the stream's own limit is lower.
 	ErrPayloadTooLarge = errors.New("mq: payload too large")
 
 	// ErrClosed: the broker was closed.
@@ -203,6 +206,15 @@ func (m *Message) InProgress() error {
 
 // Headers are an event's headers. Keys are exact: case-sensitive and never
 // canonicalised. The shape is that of NATS and HTTP headers.
+//
+// Every header is delivered exactly as published, or refused with ErrInvalidHeader
+// before anything is sent, on Publish and DeadLetter alike (a parked message's own
+// headers included). Refused: a name that is not an HTTP token (RFC 7230: letters,
+// digits and !#$%&'*+-.^_`|~ only, so no "/", "(", "@", "=", ",", blank, byte beyond
+// ASCII or control character), and a value with a line break (CR or LF) or with a
+// blank (space or tab) at either end, which NATS headers cannot carry. Any other
+// value is kept byte for byte: blanks inside, control characters, NUL, DEL, UTF-8 and
+// bytes that are not UTF-8.
 type Headers map[string][]string
 
 // Add appends value to key's values.
@@ -228,12 +240,15 @@ const HeaderIdempotencyKey = "Nats-Msg-Id"
 type PublishOpt func(h Headers)
 
 // WithHeader appends a header value; two calls with one key keep both values. Keys
-// starting with "Nats-" are reserved for the broker and refused with ErrInvalidHeader,
-// except HeaderIdempotencyKey, which WithIdempotencyKey sets.
+// starting with "Nats-" (in any case) are reserved for the broker and refused with
+// ErrInvalidHeader, except HeaderIdempotencyKey, which WithIdempotencyKey sets; so are
+// the names and values [Headers] cannot carry.
 func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(key, value) } }
 
-// WithIdempotencyKey makes the publish idempotent: a second publish with the same key
-// within the broker's duplicate window is dropped and reported as success.
+// WithIdempotencyKey makes the publish or park idempotent: a second one with the same
+// key within the broker's duplicate window is dropped and reported as success. Keys are
+// scoped to the tenant: two tenants' equal keys never collide, on Publish or on
+// DeadLetter.
 func WithIdempotencyKey(key string) PublishOpt {
 	return func(h Headers) { h.Set(HeaderIdempotencyKey, key) }
 }
@@ -241,7 +256,9 @@ func WithIdempotencyKey(key string) PublishOpt {
 // Handler handles one delivered message. What a returned error means depends on the
 // path: on the worker path (Consume) the message is nak'ed for redelivery, so a handler
 // that returns an error must not also settle it; on the hub path (Subscribe) there is
-// nothing to redeliver and the error is logged.
+// nothing to redeliver and the error is logged. A handler that panics is treated as
+// one that returned an error, on both paths: the broker recovers the panic and logs
+// it with the topic and the stack, so one poison event never ends the process.
 type Handler func(*Message) error
 
 // Publisher stores events.
@@ -311,7 +328,9 @@ type DeadLetterCounts struct {
 type DeadLetterer interface {
 	// DeadLetter stores msg's data and headers on the dead-letter queue under msg's own
 	// topic, with the option headers added. It does not settle msg: the caller acks it
-	// once the park is confirmed, so a failed park leaves it to be redelivered.
+	// once the park is confirmed, so a failed park leaves it to be redelivered. msg's
+	// own idempotency key is not reused; one set by an option is scoped to msg's
+	// tenant, as on Publish.
 	DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error
 	// DeadLetterCounts counts tenant's parked events per table. A non-empty table
 	// narrows Tables to that table and all its scopes; Total is never narrowed. A read

@@ -2,14 +2,17 @@ package mq
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // deadLetter parks msg's data and headers under its own topic key on the dead-letter
-// stream, with a fresh message id.
+// stream. Its message id is never the original's (that left with its Nats- headers):
+// a fresh one, or the caller's idempotency key scoped to msg's tenant, as on Publish.
 func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) error {
 	if err := c.checkOpen(); err != nil {
 		return err
@@ -23,17 +26,18 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 			base[k] = v
 		}
 	}
-	ev, err := c.prepare(ctx, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
+	// The key's first token is the tenant, also for a key this package did not write:
+	// DeadLetterCounts counts that park under the same tenant.
+	tenant, _, _ := strings.Cut(msg.key, ".")
+	ev, err := c.prepare(ctx, tenant, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
 	if err != nil {
-		return err
+		return fmt.Errorf("dead letter: %w", err)
 	}
-	// The message's own id was left out with its Nats- headers: an id here is the
-	// caller's idempotency key, and without one the park gets a fresh id.
 	_, _, err = c.send(ctx, ev)
 	return err
 }
 
-// deadLetterCounts reads tenant's parked counts with one subject-filtered info call.
+// deadLetterCounts reads tenant's parked counts with one subject-filtered info request.
 func (c *natsCore) deadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
 	if err := c.checkOpen(); err != nil {
 		return DeadLetterCounts{}, err
@@ -41,19 +45,66 @@ func (c *natsCore) deadLetterCounts(ctx context.Context, tenant TenantID, table 
 	if err := tenant.Validate(); err != nil {
 		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: %w", err)
 	}
-	stream, err := c.js.Stream(ctx, c.deadLetters)
+	perSubject, err := c.subjectCounts(ctx, c.deadLetters, c.subs.tenantDeadLetters(tenant))
 	if err != nil {
-		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.deadLetters, err)
+		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: tenant "+string(tenant)+" on stream "+c.deadLetters, err)
 	}
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(c.subs.tenantDeadLetters(tenant)))
-	if err != nil {
-		return DeadLetterCounts{}, c.mapRequestError("dead-letter counts: stream "+c.deadLetters, err)
-	}
-	counts := DeadLetterCounts{Tables: deadLetterTables(info.State.Subjects, c.subs, table)}
-	for _, n := range info.State.Subjects {
+	counts := DeadLetterCounts{Tables: deadLetterTables(perSubject, c.subs, table)}
+	for _, n := range perSubject {
 		counts.Total += n
 	}
 	return counts, nil
+}
+
+// streamSubjectsAnswer is the part of a STREAM.INFO answer subjectCounts reads.
+type streamSubjectsAnswer struct {
+	Error *jetstream.APIError `json:"error"`
+	Total int                 `json:"total"`
+	State struct {
+		Subjects map[string]uint64 `json:"subjects"`
+	} `json:"state"`
+}
+
+// subjectCounts reads stream's message count per subject under filter: one STREAM.INFO
+// request carrying the filter, and more only when the server pages a long answer
+// (over 100,000 subjects). jetstream's Stream and then Info would ask twice, the
+// first time for nothing the counts use. Both brokers make their JetStream handle
+// with jetstream.New, so the API lives under the default prefix.
+func (c *natsCore) subjectCounts(ctx context.Context, stream, filter string) (map[string]uint64, error) {
+	subject := jetstream.DefaultAPIPrefix + "STREAM.INFO." + stream
+	counts := map[string]uint64{}
+	for {
+		req, err := json.Marshal(struct {
+			SubjectsFilter string `json:"subjects_filter"`
+			Offset         int    `json:"offset,omitempty"`
+		}{filter, len(counts)})
+		if err != nil {
+			return nil, err
+		}
+		rctx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
+		msg, err := c.nc.RequestWithContext(rctx, subject, req)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		var answer streamSubjectsAnswer
+		if err := json.Unmarshal(msg.Data, &answer); err != nil {
+			return nil, fmt.Errorf("stream info of %s: %w", stream, err)
+		}
+		if answer.Error != nil {
+			if answer.Error.ErrorCode == jetstream.JSErrCodeStreamNotFound {
+				return nil, fmt.Errorf("%w: %w", jetstream.ErrStreamNotFound, answer.Error)
+			}
+			return nil, answer.Error
+		}
+		before := len(counts)
+		maps.Copy(counts, answer.State.Subjects)
+		// A page that adds nothing ends it too: subjects that vanish between pages
+		// would otherwise keep the total out of reach.
+		if len(counts) >= answer.Total || len(counts) == before {
+			return counts, nil
+		}
+	}
 }
 
 // deadLetterTables folds per-subject dead-letter counts into per-table counts, the

@@ -1,8 +1,15 @@
 package mq
 
 import (
+	"encoding/json"
+	"errors"
 	"maps"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // dlqWant compares a deadLetterTables result with want, reporting both on a mismatch.
@@ -112,4 +119,47 @@ func TestDeadLetterTables_AnEmptyInputGivesAnEmptyNonNilMap(t *testing.T) {
 	dlqWant(t, deadLetterTables(map[string]uint64{}, subs, ""), map[string]uint64{})
 	dlqWant(t, deadLetterTables(nil, subs, ""), map[string]uint64{})
 	dlqWant(t, deadLetterTables(nil, subs, "orders"), map[string]uint64{})
+}
+
+// TestDeadLetterCounts_IsOneSubjectFilteredStreamInfoRequest: counting a tenant's parks
+// asks the server once, with the tenant's subject filter, and still counts right.
+func TestDeadLetterCounts_IsOneSubjectFilteredStreamInfoRequest(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	require.NoError(t, e.SetMaxBytes(ctx, "globex", 1<<20))
+	for _, tp := range []Topic{{Tenant: "acme", Table: "a"}, {Tenant: "acme", Table: "a", Scope: "s"}, {Tenant: "acme", Table: "b"}, {Tenant: "globex", Table: "a"}} {
+		require.NoError(t, e.DeadLetter(ctx, NewMessage(ctx, tp, []byte("x"))))
+	}
+	// The server hands a request to every subscriber of its subject, this one included,
+	// before JetStream answers it; the connection delivers in order.
+	sub, err := e.nc.SubscribeSync("$JS.API.STREAM.INFO." + e.topo.DeadLetterStream())
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	require.NoError(t, e.nc.Flush())
+
+	counts, err := e.DeadLetterCounts(ctx, "acme", "")
+	require.NoError(t, err)
+	assert.Equal(t, DeadLetterCounts{Tables: map[string]uint64{"a": 2, "b": 1}, Total: 3}, counts)
+
+	var requests []string
+	for {
+		m, err := sub.NextMsg(300 * time.Millisecond)
+		if errors.Is(err, nats.ErrTimeout) {
+			break
+		}
+		require.NoError(t, err)
+		requests = append(requests, string(m.Data))
+	}
+	require.Len(t, requests, 1, "stream info requests: %q", requests)
+	var req struct {
+		SubjectsFilter string `json:"subjects_filter"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(requests[0]), &req))
+	assert.Equal(t, "wh.dlq.acme.>", req.SubjectsFilter)
+
+	require.NoError(t, e.js.DeleteStream(ctx, e.topo.DeadLetterStream()))
+	_, err = e.DeadLetterCounts(ctx, "acme", "")
+	require.ErrorIs(t, err, ErrUnavailable, "a dead-letter stream gone is unavailable, not an empty count")
+	assert.Contains(t, err.Error(), e.topo.DeadLetterStream())
 }

@@ -403,6 +403,29 @@ func TestEmbeddedNATS_ADeadLetterWithAnIdempotencyKeyIsParkedOnce(t *testing.T) 
 	assert.Equal(t, uint64(1), counts.Total)
 }
 
+// TestEmbeddedNATS_TwoTenantsParkingWithOneIdempotencyKeyBothPark: a dead letter's
+// idempotency key is scoped to its tenant, as a publish's is: globex parking its own
+// "row-1" after acme did is stored, not reported as a duplicate and dropped.
+func TestEmbeddedNATS_TwoTenantsParkingWithOneIdempotencyKeyBothPark(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	for _, tenant := range []TenantID{"acme", "globex"} {
+		require.NoError(t, e.SetMaxBytes(ctx, tenant, 1<<20))
+	}
+	key := WithIdempotencyKey("row-1")
+	require.NoError(t, e.DeadLetter(ctx, NewMessage(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("acme row")), key))
+	require.NoError(t, e.DeadLetter(ctx, NewMessage(ctx, Topic{Tenant: "globex", Table: "t"}, []byte("globex row")), key))
+	for _, tenant := range []TenantID{"acme", "globex"} {
+		counts, err := e.DeadLetterCounts(ctx, tenant, "")
+		require.NoError(t, err)
+		assert.Equal(t, uint64(1), counts.Total, "%s's parked events", tenant)
+	}
+	parked, err := ParkedMessages(ctx, e, "globex")
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	assert.Equal(t, "globex row", string(parked[0].Data))
+}
+
 func TestEmbeddedNATS_OnePartitionsEndEndsTheWholeDelivery(t *testing.T) {
 	e := openEmbedded(t, "")
 	ctx := testCtx(t)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -110,7 +109,7 @@ type ExternalNATS struct {
 	budgets       map[TenantID]int64
 	budgetsLogged bool
 	historyMaxAge time.Duration
-	windowsWarned map[TenantID]time.Duration
+	windowsWarned map[TenantID]bool
 	sources       map[string]sourceState
 	held          map[string]int64 // by partition stream: acked events kept for the history
 	closeOnce     sync.Once
@@ -169,16 +168,36 @@ func (c NATSConfig) validate() error {
 	return nil
 }
 
-// redactURL hides a password in a URL.
+// redactURL returns s fit for an error or a log: any userinfo (a token, a user, a
+// password) is replaced whole by "***", so neither it nor a part of it shows. It works
+// on the text, not on a parse: a URL that does not parse may carry credentials too,
+// and url.Redacted hides only a password. Everything between the scheme and the last
+// '@' is hidden: more than the userinfo when a path holds an '@', never less.
 func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if i := strings.LastIndex(s, "@"); i >= 0 {
-			return "***" + s[i:]
-		}
+	at := strings.LastIndex(s, "@")
+	if at < 0 {
 		return s
 	}
-	return u.Redacted()
+	scheme := ""
+	if i := strings.Index(s, "://"); i > 0 && i < at && isScheme(s[:i]) {
+		scheme = s[:i+len("://")]
+	}
+	return scheme + "***" + s[at:]
+}
+
+// isScheme reports whether s is a URL scheme (RFC 3986): a letter, then letters,
+// digits, "+", "-" or ".".
+func isScheme(s string) bool {
+	for i := range len(s) {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return s != ""
 }
 
 func redactURLs(urls []string) string {
@@ -274,7 +293,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	e := &ExternalNATS{
 		cfg: cfg, topo: cfg.NATSTopology, log: cmp.Or(cfg.Logger, slog.Default()),
 		closedCh: make(chan struct{}), budgets: map[TenantID]int64{},
-		windowsWarned: map[TenantID]time.Duration{}, sources: map[string]sourceState{}, held: map[string]int64{},
+		windowsWarned: map[TenantID]bool{}, sources: map[string]sourceState{}, held: map[string]int64{},
 	}
 	opts, err := cfg.options(e)
 	if err != nil {
@@ -411,7 +430,8 @@ func (e *ExternalNATS) ReplaySince(ctx context.Context, topic Topic, since time.
 
 // PurgeAcked removes nothing: the partitions drop an event once acknowledged and the
 // history has its own max age. It warns once per tenant whose window (now minus its
-// cutoff) is longer than the history keeps.
+// cutoff) is longer than the history keeps: once in the broker's life, since a fixed
+// cutoff makes the window grow with every call.
 func (e *ExternalNATS) PurgeAcked(_ context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error) {
 	if err := e.core.checkOpen(); err != nil {
 		return false, err
@@ -424,14 +444,10 @@ func (e *ExternalNATS) PurgeAcked(_ context.Context, consumer string, olderThan 
 	defer e.mu.Unlock()
 	for t, cutoff := range olderThan {
 		window := now.Sub(cutoff).Round(time.Second)
-		if e.historyMaxAge <= 0 || window <= e.historyMaxAge {
-			delete(e.windowsWarned, t)
+		if e.historyMaxAge <= 0 || window <= e.historyMaxAge || e.windowsWarned[t] {
 			continue
 		}
-		if warned, ok := e.windowsWarned[t]; ok && warned >= window {
-			continue
-		}
-		e.windowsWarned[t] = window
+		e.windowsWarned[t] = true
 		e.log.Warn("mq: a tenant's replay window is longer than the history keeps", "tenant", t,
 			"window", window, "history", e.topo.HistoryStream, "max_age", e.historyMaxAge)
 	}

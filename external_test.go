@@ -366,21 +366,22 @@ func TestExternalNATS_PurgeAckedRemovesNothingAndWarnsOncePerTenant(t *testing.T
 	require.ErrorIs(t, err, ErrConsumerNotFound)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// TestExternalNATS_PurgeAckedWarnsOncePerTenantHoweverItsWindowGrows: a tenant whose
+// window exceeds the history is warned about once, not again each time its window has
+// grown (a fixed cutoff grows it a second per second).
+func TestExternalNATS_PurgeAckedWarnsOncePerTenantHoweverItsWindowGrows(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	var logs syncBuffer
+	e := f.broker(t, func(c *NATSConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	ctx := testCtx(t)
+	now := time.Now()
+	for _, window := range []time.Duration{time.Hour, time.Hour + time.Second, 2 * time.Hour, 48 * time.Hour} {
+		_, err := e.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"acme": now.Add(-window), "globex": now.Add(-2 * window)})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "tenant=acme"), "acme warned once: %s", logs.String())
+	assert.Equal(t, 1, strings.Count(logs.String(), "tenant=globex"), "globex warned once: %s", logs.String())
 }
 
 func TestExternalNATS_ReplayToASlowClientArrivesWholeAndDoesNotChaseTheTail(t *testing.T) {
@@ -456,10 +457,16 @@ func TestExternalNATS_SetMaxBytesRecordsAndLogsOnce(t *testing.T) {
 	assert.Equal(t, int64(1), st.Connections)
 }
 
-func TestRedactURL_HidesPasswords(t *testing.T) {
-	assert.Equal(t, "nats://u:xxxxx@h:4222", redactURL("nats://u:pw@h:4222"))
-	assert.Equal(t, "nats://h:4222", redactURL("nats://h:4222"))
-	assert.NotContains(t, redactURL("u:pw@h:4222"), "pw")
+// TestExternalNATS_BadInputIsRefusedWithItsSentinelAndLosesNothing runs the bad-input
+// table as the restricted application user.
+func TestExternalNATS_BadInputIsRefusedWithItsSentinelAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	testBadInputIsRefusedAndLosesNothing(t, inputRig{b: e, core: e.core,
+		parked: func(ctx context.Context, tenant TenantID) ([]*Message, error) {
+			return parkedFrom(ctx, f.admin, e.core, tenant)
+		}})
 }
 
 func TestExternalNATS_AnEventOverThePartitionsMessageSizeIsTooLarge(t *testing.T) {

@@ -56,7 +56,7 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 		}
 		msg := c.message(ctx, m, nil)
 		msg.Ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(msg.Headers))
-		if err := handler(msg); err != nil {
+		if err := c.handle("hub", handler, msg); err != nil {
 			c.log.Warn("mq: hub handler failed; the hub has no redelivery", "topic", msg.key, "error", err)
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {

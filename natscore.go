@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,7 +99,20 @@ func (c *natsCore) checkOpen() error {
 	return nil
 }
 
-// outgoing is an event ready to send: its subject, the stream that must store it, its
+// handle runs handler on msg and turns a panic into the handler's error: a poison
+// event that panics would otherwise end the process, and, redelivered, every worker
+// that takes it next. The panic is logged with its topic and stack, at error level:
+// it is a bug in the handler. path names the caller ("worker", "hub").
+func (c *natsCore) handle(path string, handler Handler, msg *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("mq: handler panicked; treated as its error", "path", path, "topic", msg.key,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = fmt.Errorf("%s handler panicked on %s: %v", path, msg.key, r)
+		}
+	}()
+	return handler(msg)
+}
 
 // mapRequestError wraps a failed JetStream API request: ErrClosed after Close,
 // ErrUnavailable when no answer came or the connection is gone.

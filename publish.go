@@ -14,7 +14,6 @@ import (
 
 // What the server says when it refuses a publish, and what the broker reserves.
 const (
-	headerOverheadEstimate  = 64 // "NATS/1.0\r\n", the message id and the expected stream
 	reservedHeaderPrefix    = "nats-"
 	errTextMaxBytes         = "maximum bytes exceeded"
 	errTextMaxMsgsPerSubj   = "maximum messages per subject exceeded"
@@ -25,15 +24,21 @@ const (
 	jsErrMsgTooLargeCode    = 10054
 )
 
+// outgoing is an event ready to send: its subject, the stream that must store it, its
+// headers (its message id included) and data.
 type outgoing struct {
 	subject, stream string
 	header          Headers
 	data            []byte
 }
 
-// prepare builds the headers of an event from the options and ctx's trace context
-// and checks everything that can be checked before a send.
-func (c *natsCore) prepare(ctx context.Context, subject, stream string, base Headers, data []byte, opts []PublishOpt) (outgoing, error) {
+// prepare builds the headers of an event (base, then the options, then ctx's trace
+// context), gives it its message id and checks everything that can be checked before
+// a send. The id is the caller's idempotency key scoped to tenant, so two tenants'
+// equal keys never collide on a stream they share (a collision is a Duplicate: the
+// second event is dropped while its caller is told it was stored); without a key the
+// event gets a fresh id. Publish and DeadLetter both take their id from here.
+func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, base Headers, data []byte, opts []PublishOpt) (outgoing, error) {
 	h := make(Headers, len(base)+2)
 	for k, v := range base {
 		h[k] = append([]string(nil), v...)
@@ -45,7 +50,12 @@ func (c *natsCore) prepare(ctx context.Context, subject, stream string, base Hea
 		return outgoing{}, err
 	}
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier(h))
-	if size, limit := len(data)+headerSize(h)+headerOverheadEstimate, c.nc.MaxPayload(); int64(size) > limit {
+	if key := h.Get(HeaderIdempotencyKey); key != "" {
+		h.Set(HeaderIdempotencyKey, tenant+"."+key)
+	} else {
+		h.Set(HeaderIdempotencyKey, nuid.Next())
+	}
+	if size, limit := wireSize(h, stream, data), c.nc.MaxPayload(); int64(size) > limit {
 		return outgoing{}, fmt.Errorf("%w: %s: %d bytes with headers, the server accepts %d",
 			ErrPayloadTooLarge, subject, size, limit)
 	}
@@ -53,22 +63,73 @@ func (c *natsCore) prepare(ctx context.Context, subject, stream string, base Hea
 }
 
 // validateHeaders refuses header names the broker reserves ("Nats-", except the
-// idempotency key) and names or values that cannot be written on the wire.
+// idempotency key) and any header NATS would not carry exactly as given. nats.go
+// refuses to encode a name that is not an HTTP token; it trims blanks (space, tab) at
+// either end of a value, and its decoder would skip leading ones anyway; and it
+// replaces a line break with a space. Every other byte of a value round-trips
+// (measured: control characters, NUL, DEL and bytes beyond ASCII). A value is never
+// echoed in the error: it may be anything.
 func validateHeaders(h Headers) error {
 	for k, vs := range h {
-		if k == "" || strings.ContainsAny(k, ": \t\r\n") {
-			return fmt.Errorf("%w: name %q", ErrInvalidHeader, k)
+		if !isToken(k) {
+			return fmt.Errorf("%w: name %q is not an HTTP token: use letters, digits and %s only", ErrInvalidHeader, k, tokenPunct)
 		}
 		if strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) && k != HeaderIdempotencyKey {
 			return fmt.Errorf("%w: %q: names starting with \"Nats-\" are reserved for the broker", ErrInvalidHeader, k)
 		}
-		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n") {
-				return fmt.Errorf("%w: %q: value contains a line break", ErrInvalidHeader, k)
+		for i, v := range vs {
+			switch {
+			case strings.ContainsAny(v, "\r\n"):
+				return fmt.Errorf("%w: %q: value %d contains a line break", ErrInvalidHeader, k, i)
+			case strings.Trim(v, " \t") != v:
+				return fmt.Errorf("%w: %q: value %d starts or ends with a blank, which NATS headers do not keep", ErrInvalidHeader, k, i)
 			}
 		}
 	}
 	return nil
+}
+
+// tokenPunct are the punctuation bytes of an HTTP token (RFC 7230 tchar), exactly the
+// ones nats.go encodes in a header name.
+const tokenPunct = "!#$%&'*+-.^_`|~"
+
+// isToken reports whether s is a non-empty HTTP token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := range len(s) {
+		if !isTokenByte(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isTokenByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte(tokenPunct, c) >= 0
+}
+
+// wireSize is what nats.go counts against the server's max payload for an event sent
+// with headers h through JetStream's publish to stream: the data and the header block
+// the client encodes ("NATS/1.0\r\n", one "name: value\r\n" line per value, a closing
+// "\r\n"), with the expected stream's line the client adds. h must hold the message id
+// already, and its values must be valid (the client trims blanks at their ends).
+func wireSize(h Headers, stream string, data []byte) int {
+	n := len(data) + len("NATS/1.0\r\n") + len("\r\n") + len(jetstream.ExpectedStreamHeader) + len(": \r\n") + len(stream)
+	for k, vs := range h {
+		if k == jetstream.ExpectedStreamHeader {
+			continue // replaced by the client's
+		}
+		for _, v := range vs {
+			n += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	return n
 }
 
 func headerSize(h Headers) int {
@@ -102,10 +163,7 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
-	id := ev.header.Get(HeaderIdempotencyKey)
-	if id == "" {
-		id = nuid.Next()
-	}
+	id := ev.header.Get(HeaderIdempotencyKey) // prepare set it
 	var lastErr error
 	for attempt := 0; attempt <= publishRetries; attempt++ {
 		if attempt > 0 {
@@ -133,9 +191,8 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck
 	return nil, retried, c.mapPublishError(ev, lastErr)
 }
 
-// ingestEvent prepares topic's event for its partition, with a message id: a fresh
-// one, or the caller's idempotency key scoped to the tenant, so two tenants' keys
-// never collide on a shared partition.
+// ingestEvent prepares topic's event for its partition, its message id scoped to the
+// topic's tenant (see prepare).
 func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, opts []PublishOpt) (outgoing, error) {
 	if err := c.checkOpen(); err != nil {
 		return outgoing{}, err
@@ -144,14 +201,9 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
 	}
-	ev, err := c.prepare(ctx, subject, c.partitions[p], nil, data, opts)
+	ev, err := c.prepare(ctx, string(topic.Tenant), subject, c.partitions[p], nil, data, opts)
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
-	}
-	if key := ev.header.Get(HeaderIdempotencyKey); key != "" {
-		ev.header.Set(HeaderIdempotencyKey, string(topic.Tenant)+"."+key)
-	} else {
-		ev.header.Set(HeaderIdempotencyKey, nuid.Next())
 	}
 	return ev, nil
 }
@@ -208,6 +260,7 @@ func (c *natsCore) streamMissing(name string) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
+// headerCarrier lets the OpenTelemetry propagator read and write Headers with exact
 // keys (http.Header would canonicalise them).
 type headerCarrier Headers
 

@@ -3,6 +3,7 @@ package mq
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -162,6 +163,17 @@ type verifier struct {
 	partitionStreams []string
 }
 
+// jsonName spells an enum value as JetStream's JSON does ("limits", "explicit",
+// "pinned_client"), the spelling of the field names and of an operator's manifests;
+// the Go names differ from it and from each other ("Limits", "DiscardOld", "AckAll").
+func jsonName(v json.Marshaler) string {
+	var name string
+	if b, err := v.MarshalJSON(); err == nil && json.Unmarshal(b, &name) == nil {
+		return name
+	}
+	return fmt.Sprint(v)
+}
+
 func (v *verifier) add(sev Severity, object, field, format string, args ...any) {
 	v.findings = append(v.findings, Finding{Severity: sev, Object: object, Field: field, Problem: fmt.Sprintf(format, args...)})
 }
@@ -278,10 +290,10 @@ func (v *verifier) checkPartition(p int, cfg jetstream.StreamConfig) {
 		v.add(Required, obj, "subjects", "%v must include %s", cfg.Subjects, filter)
 	}
 	if cfg.Retention != jetstream.InterestPolicy {
-		v.add(Required, obj, "retention", "is %s, must be interest: an acknowledged event must leave the partition", cfg.Retention)
+		v.add(Required, obj, "retention", "is %s, must be interest: an acknowledged event must leave the partition", jsonName(cfg.Retention))
 	}
 	if cfg.Discard != jetstream.DiscardNew {
-		v.add(Required, obj, "discard", "is %s, must be new: a full partition must refuse, not drop unwritten events", cfg.Discard)
+		v.add(Required, obj, "discard", "is %s, must be new: a full partition must refuse, not drop unwritten events", jsonName(cfg.Discard))
 	}
 	if cfg.MaxBytes <= 0 {
 		v.add(Required, obj, "max_bytes", "is unlimited, must be set: it bounds the disk and signals backpressure")
@@ -290,7 +302,7 @@ func (v *verifier) checkPartition(p int, cfg jetstream.StreamConfig) {
 		v.add(Required, obj, "max_age", "is %s, must be 0: an age limit drops events nobody has written yet", cfg.MaxAge)
 	}
 	if cfg.Storage != jetstream.FileStorage {
-		v.add(Required, obj, "storage", "is %s, must be file", cfg.Storage)
+		v.add(Required, obj, "storage", "is %s, must be file", jsonName(cfg.Storage))
 	}
 	if floor := v.topo.minDuplicateWindow(); cfg.Duplicates < floor {
 		v.add(Required, obj, "duplicate_window", "is %s, must be at least %s: a publish's retries span (%d+1) x %s + %d x %s",
@@ -354,7 +366,7 @@ func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error
 		v.add(Required, obj, "deliver_subject", "is %q: the durable must be a pull consumer", cfg.DeliverSubject)
 	}
 	if cfg.AckPolicy != jetstream.AckExplicitPolicy {
-		v.add(Required, obj, "ack_policy", "is %s, must be explicit", cfg.AckPolicy)
+		v.add(Required, obj, "ack_policy", "is %s, must be explicit", jsonName(cfg.AckPolicy))
 	}
 	if cfg.AckWait < v.topo.AckWait {
 		v.add(Required, obj, "ack_wait", "is %s, must be at least the worker's %s", cfg.AckWait, v.topo.AckWait)
@@ -369,7 +381,7 @@ func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error
 		v.add(Recommended, obj, "max_ack_pending", "is %d, below %d: the worker's batches stall early", cfg.MaxAckPending, defaultMaxAckPending)
 	}
 	if cfg.DeliverPolicy != jetstream.DeliverAllPolicy {
-		v.add(Required, obj, "deliver_policy", "is %s, must be all", cfg.DeliverPolicy)
+		v.add(Required, obj, "deliver_policy", "is %s, must be all", jsonName(cfg.DeliverPolicy))
 	}
 	filters := slices.Clone(cfg.FilterSubjects)
 	if cfg.FilterSubject != "" {
@@ -382,7 +394,7 @@ func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error
 		v.add(Required, obj, "headers_only", "is set: acknowledging an empty body would delete the event")
 	}
 	if cfg.ReplayPolicy != jetstream.ReplayInstantPolicy {
-		v.add(Required, obj, "replay_policy", "is %s, must be instant", cfg.ReplayPolicy)
+		v.add(Required, obj, "replay_policy", "is %s, must be instant", jsonName(cfg.ReplayPolicy))
 	}
 	if cfg.InactiveThreshold != 0 {
 		v.add(Required, obj, "inactive_threshold", "is %s, must be 0: the durable must never expire", cfg.InactiveThreshold)
@@ -395,7 +407,7 @@ func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error
 			cfg.MaxRequestExpires, pullExpiry)
 	}
 	if cfg.PriorityPolicy != jetstream.PriorityPolicyNone {
-		v.add(Required, obj, "priority_policy", "is %v, must be none: the worker pulls every partition itself", cfg.PriorityPolicy)
+		v.add(Required, obj, "priority_policy", "is %s, must be none: the worker pulls every partition itself", jsonName(cfg.PriorityPolicy))
 	}
 	return nil
 }
@@ -469,10 +481,10 @@ func (v *verifier) checkHistory(ctx context.Context) error {
 		}
 	}
 	if cfg.Retention != jetstream.LimitsPolicy {
-		v.add(Required, obj, "retention", "is %s, must be limits", cfg.Retention)
+		v.add(Required, obj, "retention", "is %s, must be limits", jsonName(cfg.Retention))
 	}
 	if cfg.Discard != jetstream.DiscardOld {
-		v.add(Required, obj, "discard", "is %s, must be old: a full history would hold events on the partitions and refuse ingest", cfg.Discard)
+		v.add(Required, obj, "discard", "is %s, must be old: a full history would hold events on the partitions and refuse ingest", jsonName(cfg.Discard))
 	}
 	if cfg.MaxAge <= 0 {
 		v.add(Required, obj, "max_age", "is unlimited, must be set to at least the longest gap window served")
@@ -512,13 +524,13 @@ func (v *verifier) checkDeadLetters(ctx context.Context) error {
 		v.add(Required, obj, "subjects", "%v must include %s", cfg.Subjects, v.subs.deadLetterAll())
 	}
 	if cfg.Retention != jetstream.LimitsPolicy {
-		v.add(Required, obj, "retention", "is %s, must be limits", cfg.Retention)
+		v.add(Required, obj, "retention", "is %s, must be limits", jsonName(cfg.Retention))
 	}
 	if cfg.Discard != jetstream.DiscardOld {
-		v.add(Required, obj, "discard", "is %s, must be old: a full dead-letter stream must never refuse a park", cfg.Discard)
+		v.add(Required, obj, "discard", "is %s, must be old: a full dead-letter stream must never refuse a park", jsonName(cfg.Discard))
 	}
 	if cfg.Storage != jetstream.FileStorage {
-		v.add(Required, obj, "storage", "is %s, must be file", cfg.Storage)
+		v.add(Required, obj, "storage", "is %s, must be file", jsonName(cfg.Storage))
 	}
 	if cfg.MaxBytes <= 0 {
 		v.add(Required, obj, "max_bytes", "is unlimited, must be set")

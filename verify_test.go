@@ -178,13 +178,44 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		{"dead-letter max_bytes", func(t *testing.T, s *shape) { s.stream(t, dlq).MaxBytes = -1 }, req(stream(dlq), "max_bytes"), nil},
 		{"dead-letter max_msgs_per_subject", func(t *testing.T, s *shape) { s.stream(t, dlq).MaxMsgsPerSubject = -1 }, rec(stream(dlq), "max_msgs_per_subject"), nil},
 	}
+	// says is what a rule's problem must say: an enum value is spelled as in
+	// JetStream's JSON, like the field that holds it, in every finding.
+	says := map[string]string{
+		"partition retention":     "is limits, must be interest",
+		"partition discard":       "is old, must be new",
+		"partition storage":       "is memory, must be file",
+		"durable ack_policy":      "is all, must be explicit",
+		"durable deliver_policy":  "is new, must be all",
+		"durable replay_policy":   "is original, must be instant",
+		"durable priority_policy": "is pinned_client, must be none",
+		"history retention":       "is interest, must be limits",
+		"history discard":         "is new, must be old",
+		"dead-letter retention":   "is interest, must be limits",
+		"dead-letter discard":     "is new, must be old",
+		"dead-letter storage":     "is memory, must be file",
+	}
+	known := map[string]bool{}
+	for _, tc := range cases {
+		known[tc.rule] = true
+	}
+	for rule := range says {
+		assert.True(t, known[rule], "says names no rule %q", rule)
+	}
 	for _, tc := range cases {
 		t.Run(tc.rule, func(t *testing.T) {
 			t.Parallel()
 			s := shapeOf(NATSTopology{})
 			tc.break_(t, s)
-			got := beyondBaseline(s.topo, verifyShape(t, s))
-			assert.ElementsMatch(t, append([]finding{tc.want}, tc.also...), got)
+			findings := verifyShape(t, s)
+			assert.ElementsMatch(t, append([]finding{tc.want}, tc.also...), beyondBaseline(s.topo, findings))
+			if says[tc.rule] == "" {
+				return
+			}
+			for _, f := range findings {
+				if keyOf(f) == tc.want {
+					assert.Contains(t, f.Problem, says[tc.rule], "%s", f)
+				}
+			}
 		})
 	}
 }

@@ -108,7 +108,7 @@ func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Cons
 			_ = m.Nak()
 			return
 		}
-		if err := handler(c.message(ctx, m, c.settlement(m))); err != nil {
+		if err := c.handle("worker", handler, c.message(ctx, m, c.settlement(m))); err != nil {
 			_ = m.Nak()
 		}
 	}, jetstream.PullMaxMessages(share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),

@@ -18,6 +18,7 @@ func consumeCases() []testCase {
 		{"NakRedelivers", always, nakRedelivers},
 		{"NakWithDelayRedelivers", always, nakWithDelayRedelivers},
 		{"HandlerErrorNaksForRedelivery", always, handlerErrorNaks},
+		{"HandlerPanicNaksForRedeliveryAndDeliveryGoesOn", always, handlerPanicNaks},
 		{"AckWaitRedelivers", always, ackWaitRedelivers},
 		{"CreateConsumerAppliesTheConfigExactlyWhenItConfiguresDurables", always, configuresDurables},
 		{"UnackedEventsComeBackToANewConsumeAndAckedOnesDoNot", always, atLeastOnceAcrossStop},
@@ -88,6 +89,28 @@ func handlerErrorNaks(t *testing.T, h Harness) {
 	redeliveredOnce(t, h, func(*env, *mq.Message) error {
 		return errors.New("mqtest: transient handler failure")
 	})
+}
+
+// handlerPanicNaks: a handler that panics is treated as one that returned an error:
+// the process survives, the event comes back, and the events after it are delivered.
+// The consume helper records a delivery only once the handler returned, so the panic
+// itself is not among the deliveries.
+func handlerPanicNaks(t *testing.T, h Harness) {
+	e := setup(t, h)
+	var calls counter
+	c := e.consume(mq.ConsumerConfig{}, func(m *mq.Message) error {
+		if calls.inc(string(m.Data)) == 1 && string(m.Data) == "poison" {
+			panic("mqtest: a handler that panics on one event")
+		}
+		return e.ackEach(m)
+	})
+	for _, data := range []string{"poison", "next-1", "next-2"} {
+		e.publish(topic(Acme, "t", ""), data)
+	}
+	assert.ElementsMatch(t, []string{"poison", "next-1", "next-2"}, datas(next(t, c.deliveries, 3)),
+		"the panicking event came back and the next ones arrived")
+	none(t, c.deliveries)
+	noFailure(t, c.failed)
 }
 
 // ackWaitRedelivers: with AckWaitRedelivers, an event left unsettled under an AckWait

@@ -18,6 +18,7 @@ func deadLetterCases() []testCase {
 		{"DeadLetterThenAckRemovesTheOriginalAndKeepsThePark", always, deadLetterThenAck},
 		{"DeadLetterRefusesAMessageWithoutATopicOrWithAReservedHeader", always, deadLetterRefusesBadInput},
 		{"DeadLetterCountsRefusesAnInvalidTenant", always, deadLetterCountsRefusesAnInvalidTenant},
+		{"DeadLetterIdempotencyKeysAreScopedToTheTenant", always, deadLetterKeysAreScopedToTheTenant},
 	}
 }
 
@@ -209,5 +210,28 @@ func deadLetterCountsRefusesAnInvalidTenant(t *testing.T, h Harness) {
 		_, err := e.b.DeadLetterCounts(e.ctx, tenant, "")
 		assert.ErrorIs(t, err, mq.ErrInvalidTenant, "tenant %q", tenant)
 		assert.NotErrorIs(t, err, mq.ErrNoDeadLetterQueue, "tenant %q", tenant)
+	}
+}
+
+// deadLetterKeysAreScopedToTheTenant: an idempotency key on a park is scoped to the
+// parked message's tenant, as on Publish. Two tenants parking under one key both park
+// (a collision would drop the second park as a duplicate, and its caller would ack the
+// original: the event would be gone); a tenant repeating its own key parks once.
+func deadLetterKeysAreScopedToTheTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	key := mq.WithIdempotencyKey("row-1")
+	e.park(topic(Acme, "t", ""), "acme row", key)
+	e.park(topic(Globex, "t", ""), "globex row", key)
+	e.park(topic(Acme, "t", ""), "acme row again", key)
+	assertCounts(t, map[string]uint64{"t": 1}, 1, e.counts(Acme, ""), "acme")
+	assertCounts(t, map[string]uint64{"t": 1}, 1, e.counts(Globex, ""), "globex")
+	if h.DeadLetters == nil {
+		t.Log("Harness.DeadLetters is nil: parked contents not checked")
+		return
+	}
+	for tenant, want := range map[mq.TenantID]string{Acme: "acme row", Globex: "globex row"} {
+		msgs := h.DeadLetters(t, e.b, tenant)
+		require.Len(t, msgs, 1, "%s's parked events", tenant)
+		assert.Equal(t, want, string(msgs[0].Data), "%s's park", tenant)
 	}
 }

@@ -23,6 +23,7 @@ func hubCases() []testCase {
 		{"TwoSubscribersBothGetEveryEvent", always, twoSubscribers},
 		{"SubscribeStopsDeliveringWhenItsContextIsDone", always, subscribeStopsWithItsContext},
 		{"SubscribeHandlerErrorNeitherRedeliversNorStops", always, subscribeHandlerError},
+		{"SubscribeHandlerPanicNeitherRedeliversNorStops", always, subscribeHandlerPanic},
 		{"SubscribeSeesATenantBudgetedAfterItStarted", always, subscribeSeesALaterTenant},
 	}
 }
@@ -152,6 +153,26 @@ func subscribeHandlerError(t *testing.T, h Harness) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, map[string]int{"fails": 1, "next": 1, "last": 1}, calls)
+}
+
+// subscribeHandlerPanic: a hub handler that panics is treated as one that returned an
+// error: the process survives, the event is not redelivered, and the hub goes on.
+func subscribeHandlerPanic(t *testing.T, h Harness) {
+	e := setup(t, h)
+	ch := make(chan delivery, deliveryBuffer)
+	require.NoError(t, e.b.Subscribe(e.ctx, "panicking", func(m *mq.Message) error {
+		e.push(ch, m)
+		if string(m.Data) == "boom" {
+			panic("mqtest: a hub handler that panics on one event")
+		}
+		return nil
+	}))
+	tp := topic(Acme, "t", "")
+	for _, data := range []string{"boom", "next", "last"} {
+		e.publish(tp, data)
+	}
+	assert.Equal(t, []string{"boom", "next", "last"}, datas(next(t, ch, 3)))
+	none(t, ch)
 }
 
 // subscribeSeesALaterTenant: a tenant budgeted after Subscribe started reaches it.

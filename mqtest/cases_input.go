@@ -21,6 +21,7 @@ func inputCases() []testCase {
 		{"RefusesAKeyLongerThanTheLimitAndAcceptsOneAtIt", always, refusesALongKey},
 		{"RefusesAPayloadLargerThanTheBrokerAcceptsAndStoresNothing", always, refusesATooLargePayload},
 		{"RefusesAReservedHeaderAndStoresNothing", always, refusesAReservedHeader},
+		{"RefusesAHeaderItCannotDeliverAsGivenAndKeepsEveryOther", always, refusesAnUncarriableHeader},
 		{"PublishWithADoneContextReturnsTheContextsError", always, publishWithADoneContext},
 		{"CreateConsumerRefusesAnUnknownDurable", always, createConsumerRefusesAnUnknownDurable},
 	}
@@ -182,6 +183,52 @@ func refusesAReservedHeader(t *testing.T, h Harness) {
 	e.fenceAfterRefusals(hub)
 	e.publish(tp, "keyed", mq.WithIdempotencyKey("k"))
 	assert.Equal(t, "keyed", next(t, hub, 1)[0].data)
+}
+
+// uncarriable are headers no broker can deliver exactly as given (see mq.Headers): a
+// name that is not an HTTP token, a value with a line break or a blank at either end.
+var uncarriable = []struct{ name, value string }{
+	{"X/Y", "v"}, {"x(y)", "v"}, {"x@y", "v"}, {"x=y", "v"}, {"x,y", "v"}, {"x:y", "v"}, {"x y", "v"},
+	{"é", "v"}, {"x\x00y", "v"}, {"x\x7fy", "v"}, {"", "v"},
+	{"X-V", " lead"}, {"X-V", "trail "}, {"X-V", "\tlead"}, {"X-V", "trail\t"}, {"X-V", "a\r\nb"},
+}
+
+// refusesAnUncarriableHeader: Publish and DeadLetter refuse each uncarriable header with
+// ErrInvalidHeader and store nothing; every token name and every other value (blanks
+// inside, control characters, bytes beyond ASCII) reaches the hub and the worker
+// exactly as published.
+func refusesAnUncarriableHeader(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "hdr", "")
+	hub := e.subscribe("uncarriable")
+	parked := mq.NewMessage(e.ctx, tp, []byte("x"))
+	for _, hd := range uncarriable {
+		err := e.b.Publish(e.ctx, tp, []byte("x"), mq.WithHeader(hd.name, hd.value))
+		assert.ErrorIs(t, err, mq.ErrInvalidHeader, "publish with header %q: %q", hd.name, hd.value)
+		err = e.b.DeadLetter(e.ctx, parked, mq.WithHeader(hd.name, hd.value))
+		assert.ErrorIs(t, err, mq.ErrInvalidHeader, "park with header %q: %q", hd.name, hd.value)
+	}
+	e.fenceAfterRefusals(hub)
+	assertCounts(t, nil, 0, e.counts(Acme, ""), "acme after refused parks")
+
+	want := mq.Headers{
+		"0!#$%&'*+-.^_`|~z": {"a:b"}, "x-lower": {"a\tb", "a  b"}, "X-Empty": {""},
+		"X-Ctl": {"\x00", "a\x01b", "a\x7fb", "\va", "a\f"}, "X-Bytes": {"é", "\xff\xfe"},
+	}
+	var opts []mq.PublishOpt
+	for k, vs := range want {
+		for _, v := range vs {
+			opts = append(opts, mq.WithHeader(k, v))
+		}
+	}
+	e.publish(tp, "carried", opts...)
+	got := next(t, hub, 1)[0]
+	assert.Equal(t, "carried", got.data)
+	assert.Equal(t, want, got.msg.Headers, "headers on the hub")
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	worker := next(t, c.deliveries, 2)
+	assert.Equal(t, []string{"fence", "carried"}, datas(worker))
+	assert.Equal(t, want, worker[1].msg.Headers, "headers on the worker's path")
 }
 
 // publishWithADoneContext: Publish under a cancelled or expired context returns that

@@ -1,0 +1,384 @@
+package mq
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// tchars are the bytes of an HTTP token besides letters and digits (RFC 7230).
+const tchars = "!#$%&'*+-.^_`|~"
+
+// rawRoundTrips publishes one message with header name: value straight through nats.go,
+// bypassing the broker's checks, on subject of e's partition p, and reports whether the
+// stream gives the header back exactly.
+func rawRoundTrips(ctx context.Context, t *testing.T, e *EmbeddedNATS, subject, name, value string) bool {
+	t.Helper()
+	ack, err := e.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: nats.Header{name: {value}}, Data: []byte("raw")})
+	if err != nil {
+		return false
+	}
+	s, err := e.js.Stream(ctx, ack.Stream)
+	require.NoError(t, err)
+	m, err := s.GetMsg(ctx, ack.Sequence)
+	require.NoError(t, err)
+	return slices.Equal(m.Header[name], []string{value})
+}
+
+// brokerStores publishes one event with header name: value through e on topic and
+// returns the header as the partition stored it, or Publish's error.
+func brokerStores(ctx context.Context, t *testing.T, e *EmbeddedNATS, topic Topic, name, value string) ([]string, error) {
+	t.Helper()
+	if err := e.Publish(ctx, topic, []byte("broker"), WithHeader(name, value)); err != nil {
+		return nil, err
+	}
+	subject, p, err := e.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	s, err := e.js.Stream(ctx, e.topo.PartitionStream(p))
+	require.NoError(t, err)
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	require.NoError(t, err)
+	return m.Header[name], nil
+}
+
+// TestHeaders_PublishAcceptsExactlyTheNamesNATSCarriesAndRefusesTheRest tries every byte
+// inside a header name, first straight through nats.go and the server, then through
+// Publish: Publish stores the name exactly when it round-trips, and refuses it with
+// ErrInvalidHeader (naming it) otherwise. The names that round-trip are the HTTP tokens.
+func TestHeaders_PublishAcceptsExactlyTheNamesNATSCarriesAndRefusesTheRest(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 64<<20))
+	var carried []byte
+	for b := range 256 {
+		name := "X" + string([]byte{byte(b)}) + "Y"
+		topic := Topic{Tenant: "acme", Table: fmt.Sprintf("name-%d", b)}
+		subject, _, err := e.subs.ingestTopic(topic)
+		require.NoError(t, err)
+		raw := rawRoundTrips(ctx, t, e, subject+".raw", name, "v")
+		got, err := brokerStores(ctx, t, e, topic, name, "v")
+		if raw {
+			carried = append(carried, byte(b))
+			require.NoError(t, err, "name %q round-trips through nats.go, yet Publish refused it", name)
+			assert.Equal(t, []string{"v"}, got, "name %q", name)
+			continue
+		}
+		require.ErrorIs(t, err, ErrInvalidHeader, "name %q does not round-trip through nats.go", name)
+		assert.Contains(t, err.Error(), fmt.Sprintf("%q", name), "the error names the header")
+	}
+	var want []byte
+	for b := range 256 {
+		if c := byte(b); 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(tchars, c) >= 0 {
+			want = append(want, c)
+		}
+	}
+	assert.Equal(t, string(want), string(carried), "the name bytes NATS carries are the HTTP token's")
+	err := e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, nil, WithHeader("", "v"))
+	require.ErrorIs(t, err, ErrInvalidHeader, "an empty name")
+}
+
+// headerValues are values worth a round trip: blanks at either end, blanks and
+// control characters inside, line breaks, bytes beyond ASCII.
+var headerValues = []string{
+	"", "plain", " ", "  ", " lead", "trail ", "\tlead", "trail\t", " both ",
+	"a\tb", "a  b", "a:b", ": a", "a\r", "\rb", "a\rb", "a\nb", "a\r\nb", "a\n",
+	"\x00", "a\x00b", "\x00a", "a\x01b", "a\x1fb", "\x1b[0m", "a\x7fb", "\x7f",
+	"\va", "a\v", "\fa", "a\f", "é", "日本", "\xff\xfe", "a\x85b", "\u00a0a", "a\u00a0",
+}
+
+// TestHeaders_PublishKeepsEveryValueNATSCarriesAndRefusesTheRest tries each value first
+// straight through nats.go and the server, then through Publish: a value that comes
+// back exactly is stored as given, and one that would come back changed (blanks
+// trimmed at either end, a line break replaced) is refused with ErrInvalidHeader.
+func TestHeaders_PublishKeepsEveryValueNATSCarriesAndRefusesTheRest(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 64<<20))
+	var refused []string
+	for i, v := range headerValues {
+		topic := Topic{Tenant: "acme", Table: fmt.Sprintf("value-%d", i)}
+		subject, _, err := e.subs.ingestTopic(topic)
+		require.NoError(t, err)
+		raw := rawRoundTrips(ctx, t, e, subject+".raw", "X-V", v)
+		got, err := brokerStores(ctx, t, e, topic, "X-V", v)
+		if raw {
+			require.NoError(t, err, "value %q round-trips through nats.go, yet Publish refused it", v)
+			assert.Equal(t, []string{v}, got, "value %q", v)
+			continue
+		}
+		require.ErrorIs(t, err, ErrInvalidHeader, "value %q does not round-trip through nats.go", v)
+		assert.Contains(t, err.Error(), `"X-V"`, "the error names the header")
+		refused = append(refused, v)
+	}
+	for _, v := range refused {
+		trimmed := strings.Trim(v, " \t") != v
+		assert.True(t, trimmed || strings.ContainsAny(v, "\r\n"), "%q is refused for neither blanks at an end nor a line break", v)
+	}
+}
+
+// TestHeaders_AcceptedHeadersArriveAsPublishedOnEveryPath: names and values Publish
+// accepts, control characters and bytes beyond ASCII included, come back unchanged on
+// the worker's path, the hub, replay and the dead-letter queue.
+func TestHeaders_AcceptedHeadersArriveAsPublishedOnEveryPath(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 64<<20))
+	want := Headers{
+		"X-Upper": {"plain"}, "x-lower": {"a\tb", "a  b"}, "0" + tchars + "z": {"a:b"},
+		"X-Ctl":   {"\x00", "a\x01b", "a\x1fb", "a\x7fb", "\va", "a\f"},
+		"X-Bytes": {"é", "日本", "\xff\xfe", "\u00a0a"}, "X-Empty": {""},
+	}
+	var opts []PublishOpt
+	for k, vs := range want {
+		for _, v := range vs {
+			opts = append(opts, WithHeader(k, v))
+		}
+	}
+	hub := make(chan *Message, 1)
+	require.NoError(t, e.Subscribe(ctx, "hub", func(m *Message) error { hub <- m; return nil }))
+	topic := Topic{Tenant: "acme", Table: "headers"}
+	require.NoError(t, e.Publish(ctx, topic, []byte("h"), opts...))
+
+	c, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	consumed := make(chan *Message, 1)
+	stop, _, err := c.Consume(func(m *Message) error {
+		if err := e.DeadLetter(ctx, m); err != nil {
+			return err
+		}
+		consumed <- m
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	for path, ch := range map[string]chan *Message{"consume": consumed, "hub": hub} {
+		select {
+		case m := <-ch:
+			assert.Equal(t, want, m.Headers, "headers on the %s path", path)
+		case <-ctx.Done():
+			t.Fatalf("nothing on the %s path", path)
+		}
+	}
+	var replayed []*Message
+	require.Eventually(t, func() bool {
+		replayed = nil
+		require.NoError(t, e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool { replayed = append(replayed, m); return true }))
+		return len(replayed) == 1
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, want, replayed[0].Headers, "headers on replay")
+	parked, err := ParkedMessages(ctx, e, "acme")
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	assert.Equal(t, want, parked[0].Headers, "headers of the park")
+}
+
+// inputRig is a broker under the bad-input table: parked reads a tenant's parked
+// events back.
+type inputRig struct {
+	b      Broker
+	core   *natsCore
+	parked func(ctx context.Context, tenant TenantID) ([]*Message, error)
+}
+
+// headerBlock is the header block nats.go writes for lines, counted by hand from the
+// wire format: the status line, one "name: value" line per header, a blank line.
+func headerBlock(lines ...string) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for _, l := range lines {
+		n += len(l) + len("\r\n")
+	}
+	return n
+}
+
+// noPanic runs call, turning a panic into a test failure and an error.
+func noPanic(t *testing.T, what string, call func() error) (err error) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Errorf("%s panicked: %v", what, r)
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return call()
+}
+
+// testBadInputIsRefusedAndLosesNothing stores events and parks first, then feeds
+// Publish and DeadLetter every kind of bad header and the payloads at the exact size
+// boundary: each bad input is an error wrapping its sentinel, never a panic; the
+// largest payload the server takes is accepted on both paths; and afterwards
+// everything stored before, and only the accepted events, are all there.
+func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
+	ctx := testCtx(t)
+	const tenant TenantID = "acme"
+	topic := Topic{Tenant: tenant, Table: "t"}
+	_, p, err := r.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	for i := range 3 {
+		require.NoError(t, r.b.Publish(ctx, topic, fmt.Appendf(nil, "before-%d", i)))
+		require.NoError(t, r.b.DeadLetter(ctx, NewMessage(ctx, topic, fmt.Appendf(nil, "parked-%d", i))))
+	}
+
+	limit := int(r.core.nc.MaxPayload())
+	// An idempotency key fixes the message id's length; the client adds the expected
+	// stream.
+	publishRoom := limit - headerBlock("Nats-Msg-Id: acme.edge-x", "Nats-Expected-Stream: "+r.core.partitions[p])
+	parkRoom := limit - headerBlock("Nats-Msg-Id: acme.edge-x", "Nats-Expected-Stream: "+r.core.deadLetters)
+	largestPublish := bytes.Repeat([]byte("P"), publishRoom)
+	largestPark := bytes.Repeat([]byte("D"), parkRoom)
+
+	type op struct {
+		name string
+		call func(data []byte, opts ...PublishOpt) error
+	}
+	ops := []op{
+		{"publish", func(data []byte, opts ...PublishOpt) error { return r.b.Publish(ctx, topic, data, opts...) }},
+		{"dead letter", func(data []byte, opts ...PublishOpt) error {
+			return r.b.DeadLetter(ctx, NewMessage(ctx, topic, data), opts...)
+		}},
+	}
+	room := map[string]int{"publish": publishRoom, "dead letter": parkRoom}
+	type badCase struct {
+		name string
+		data func(op string) []byte
+		opts []PublishOpt
+		want error
+	}
+	small := func(string) []byte { return []byte("x") }
+	var cases []badCase
+	for _, name := range []string{"X/Y", "x(y)", "x@y", "x=y", "x,y", "x:y", "x y", "x\ty", "x;y", `x"y`, "x?y", "x[y]", "x{y}", `x\y`,
+		"é", "x\x00y", "x\x7fy", "x\ry", "x\ny", "", "Nats-Rollup", "nats-ttl", "NATS-Expected-Stream"} {
+		cases = append(cases, badCase{fmt.Sprintf("header name %q", name), small, []PublishOpt{WithHeader(name, "v")}, ErrInvalidHeader})
+	}
+	for _, value := range []string{" lead", "trail ", "\tlead", "trail\t", " ", "a\rb", "a\nb", "a\r\n"} {
+		cases = append(cases, badCase{fmt.Sprintf("header value %q", value), small, []PublishOpt{WithHeader("X-V", value)}, ErrInvalidHeader})
+	}
+	cases = append(cases,
+		badCase{"a message built with a bad header name", small, nil, ErrInvalidHeader},
+		badCase{"the smallest payload refused", func(op string) []byte { return make([]byte, room[op]+1) },
+			[]PublishOpt{WithIdempotencyKey("edge-y")}, ErrPayloadTooLarge},
+		badCase{"a payload far over the limit", func(string) []byte { return make([]byte, 2*limit) }, nil, ErrPayloadTooLarge},
+	)
+	for _, o := range ops {
+		for _, tc := range cases {
+			call := func() error { return o.call(tc.data(o.name), tc.opts...) }
+			if tc.name == "a message built with a bad header name" {
+				if o.name != "dead letter" {
+					continue
+				}
+				call = func() error {
+					return r.b.DeadLetter(ctx, NewMessage(ctx, topic, []byte("x"), WithMessageHeaders(Headers{"X/Y": {"v"}})))
+				}
+			}
+			err := noPanic(t, o.name+" with "+tc.name, call)
+			if !errors.Is(err, tc.want) {
+				t.Errorf("%s with %s: got %v, want an error wrapping %v", o.name, tc.name, err, tc.want)
+			}
+		}
+	}
+	require.NoError(t, noPanic(t, "publish the largest payload", func() error {
+		return r.b.Publish(ctx, topic, largestPublish, WithIdempotencyKey("edge-x"))
+	}), "publish %d bytes, the largest the server takes with these headers", len(largestPublish))
+	require.NoError(t, noPanic(t, "park the largest payload", func() error {
+		return r.b.DeadLetter(ctx, NewMessage(ctx, topic, largestPark), WithIdempotencyKey("edge-x"))
+	}), "park %d bytes, the largest the server takes with these headers", len(largestPark))
+
+	wantStored := []string{"before-0", "before-1", "before-2", short(largestPublish)}
+	assert.Equal(t, wantStored, drainBroker(t, r.b, len(wantStored)), "what the worker gets: everything stored before, and the largest event")
+	var replayed []string
+	require.Eventually(t, func() bool {
+		replayed = nil
+		err := r.b.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool { replayed = append(replayed, short(m.Data)); return true })
+		return err == nil && len(replayed) >= len(wantStored)
+	}, 10*time.Second, 20*time.Millisecond, "the history never got every event")
+	assert.Equal(t, wantStored, replayed, "what the history holds")
+	parked, err := r.parked(ctx, tenant)
+	require.NoError(t, err)
+	var got []string
+	for _, m := range parked {
+		got = append(got, short(m.Data))
+	}
+	assert.Equal(t, []string{"parked-0", "parked-1", "parked-2", short(largestPark)}, got, "what the dead-letter queue holds")
+}
+
+// short is data as a test reports it: itself when short, else its length and its
+// distinct bytes, so a megabyte payload compares exactly and prints in a line.
+func short(data []byte) string {
+	if len(data) <= 64 {
+		return string(data)
+	}
+	var distinct []byte
+	for _, b := range data {
+		if !slices.Contains(distinct, b) {
+			distinct = append(distinct, b)
+		}
+	}
+	return fmt.Sprintf("%d bytes of %q", len(data), distinct)
+}
+
+// drainBroker consumes n events from b's ingest durable, acking each, and returns
+// their payloads in order; then it watches briefly for one more.
+func drainBroker(t *testing.T, b Broker, n int) []string {
+	t.Helper()
+	ctx := testCtx(t)
+	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var got []string
+	stop, _, err := c.Consume(func(m *Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, short(m.Data))
+		return m.DoubleAck(ctx)
+	}, 16)
+	require.NoError(t, err)
+	defer stop()
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= n }, 10*time.Second, 10*time.Millisecond,
+		"consumed fewer than %d events", n)
+	time.Sleep(300 * time.Millisecond) // anything refused but stored would arrive now
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(got)
+}
+
+// TestEmbeddedNATS_BadInputIsRefusedWithItsSentinelAndLosesNothing runs the bad-input
+// table on the default topology and on one whose stream names are long, where an
+// estimate of the headers the client adds falls short.
+func TestEmbeddedNATS_BadInputIsRefusedWithItsSentinelAndLosesNothing(t *testing.T) {
+	for _, prefix := range []string{"", "a-rather-long-prefix-for-every-stream-name"} {
+		t.Run("prefix "+prefix, func(t *testing.T) {
+			e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.Topology.Prefix = prefix })
+			require.NoError(t, e.SetMaxBytes(testCtx(t), "acme", 64<<20))
+			testBadInputIsRefusedAndLosesNothing(t, inputRig{b: e, core: e.core,
+				parked: func(ctx context.Context, tenant TenantID) ([]*Message, error) { return ParkedMessages(ctx, e, tenant) }})
+		})
+	}
+}
+
+// TestWireSize_MatchesTheClientsOwnAccounting: the size prepare checks against the
+// server's max payload is what nats.go counts for the same message once JetStream's
+// publish added its expected stream.
+func TestWireSize_MatchesTheClientsOwnAccounting(t *testing.T) {
+	for _, h := range []Headers{
+		{HeaderIdempotencyKey: {"acme.k"}},
+		{HeaderIdempotencyKey: {"x"}, "X-A": {"1", "22", ""}, "traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
+		{HeaderIdempotencyKey: {"x"}, "X-Ctl": {"a\x00b", "é"}},
+	} {
+		for _, data := range [][]byte{nil, []byte("data"), make([]byte, 4096)} {
+			const stream = "SOME_STREAM_NAME"
+			msg := &nats.Msg{Subject: "s", Header: nats.Header(cloneHeaders(h)), Data: data}
+			msg.Header.Set(jetstream.ExpectedStreamHeader, stream)
+			assert.Equal(t, msg.Size()-len(msg.Subject), wireSize(h, stream, data), "headers %v, %d bytes", h, len(data))
+		}
+	}
+}
