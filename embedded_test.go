@@ -485,10 +485,21 @@ func TestEmbeddedNATS_ADurableDeletedWhileNoPullWasOutstandingEndsDelivery(t *te
 func waitHistoryCopied(t *testing.T, js jetstream.JetStream, history string, n uint64) {
 	t.Helper()
 	ctx := testCtx(t)
-	require.Eventually(t, func() bool {
+	var info *jetstream.StreamInfo
+	ok := assert.Eventually(t, func() bool {
 		s, err := js.Stream(ctx, history)
-		return err == nil && s.CachedInfo().State.Msgs >= n
-	}, 15*time.Second, 20*time.Millisecond, "the history never copied %d events", n)
+		if err == nil {
+			info = s.CachedInfo()
+		}
+		return err == nil && info.State.Msgs >= n
+	}, 2*time.Minute, 20*time.Millisecond) // measured: sources re-attach 20-60 s after a start, under load
+	if !ok {
+		var state []string
+		for _, src := range info.Sources {
+			state = append(state, fmt.Sprintf("%s lag %d active %v error %v", src.Name, src.Lag, src.Active, src.Error))
+		}
+		t.Fatalf("the history holds %d events, never %d; its sources: %s", info.State.Msgs, n, strings.Join(state, "; "))
+	}
 	time.Sleep(2 * time.Second)
 }
 
