@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,17 +23,43 @@ import (
 // broker per case over its own store. It is not parallel: mqtest.Run sets the global
 // OpenTelemetry propagator.
 func TestEmbeddedNATS_Conformance(t *testing.T) {
+	var mu sync.Mutex
+	dirs := map[mq.Broker]string{}
 	mqtest.Run(t, mqtest.Harness{
-		New:         newEmbeddedForConformance,
+		New: func(t *testing.T) mq.Broker {
+			dir := storeDir(t)
+			e := openEmbeddedForConformance(t, dir)
+			for _, tenant := range []mq.TenantID{mqtest.Acme, mqtest.Globex} {
+				require.NoError(t, e.SetMaxBytes(t.Context(), tenant, conformanceBudget), "budget %s", tenant)
+			}
+			mu.Lock()
+			dirs[e] = dir
+			mu.Unlock()
+			return e
+		},
 		EndDelivery: deleteIngestDurables,
 		Fill:        fillTenantBudget,
 		DeadLetters: parkedMessages,
+		// Restart closes the broker and opens its store again, as a host's deploy does.
+		Restart: func(t *testing.T, b mq.Broker) mq.Broker {
+			mu.Lock()
+			dir, ok := dirs[b]
+			mu.Unlock()
+			require.True(t, ok, "broker %p has no store", b)
+			require.NoError(t, b.Close())
+			e := openEmbeddedForConformance(t, dir)
+			mu.Lock()
+			dirs[e] = dir
+			mu.Unlock()
+			return e
+		},
 		Caps: mqtest.Caps{
 			PerTenantBudget:    true,
 			PurgesAcked:        true,
 			UnbudgetedNotFound: true,
 			ConfiguresDurables: true,
 			AckWaitRedelivers:  true,
+			StoresBudgets:      true,
 		},
 	})
 }
@@ -51,17 +78,15 @@ func embeddedOf(t *testing.T, b mq.Broker) *mq.EmbeddedNATS {
 	return e
 }
 
-func newEmbeddedForConformance(t *testing.T) mq.Broker {
+// openEmbeddedForConformance opens an embedded broker on dir, closed at cleanup (a case
+// may have closed it already).
+func openEmbeddedForConformance(t *testing.T, dir string) *mq.EmbeddedNATS {
 	t.Helper()
-	dir := storeDir(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	e, err := mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, NoSync: true, Logger: conformanceLogger})
-	require.NoError(t, err, "new embedded broker")
-	t.Cleanup(func() { _ = e.Close() }) // a case may have closed it already
-	for _, tenant := range []mq.TenantID{mqtest.Acme, mqtest.Globex} {
-		require.NoError(t, e.SetMaxBytes(ctx, tenant, conformanceBudget), "budget %s", tenant)
-	}
+	require.NoError(t, err, "open an embedded broker on %s", dir)
+	t.Cleanup(func() { _ = e.Close() })
 	return e
 }
 

@@ -44,6 +44,19 @@ func TestExternalNATS_Conformance(t *testing.T) {
 			return e
 		},
 		EndDelivery: func(t *testing.T, b mq.Broker) { fixtureOf(t, b).DeleteIngestDurables(t) },
+		// Restart closes the client, restarts the server on its store, and connects a
+		// new client, as a deploy during a server restart would.
+		Restart: func(t *testing.T, b mq.Broker) mq.Broker {
+			x := fixtureOf(t, b)
+			require.NoError(t, b.Close())
+			x.RestartServer(t)
+			e := x.Broker(t)
+			mu.Lock()
+			fixtures[e] = x
+			mu.Unlock()
+			t.Cleanup(func() { mu.Lock(); delete(fixtures, e); mu.Unlock() })
+			return e
+		},
 		Fill: func(t *testing.T, b mq.Broker, tenant mq.TenantID) {
 			fixtureOf(t, b).ShrinkPartitionOf(t, tenant, 4096)
 			fillUntilFull(t, b, tenant)

@@ -23,6 +23,12 @@ func NewExternalFixture(t *testing.T) *ExternalFixture {
 // Broker boots an ExternalNATS as the restricted application user.
 func (x *ExternalFixture) Broker(t *testing.T) *ExternalNATS { return x.f.broker(t) }
 
+// RestartServer shuts the server down and starts it again on the same port and store.
+func (x *ExternalFixture) RestartServer(t *testing.T) {
+	x.f.stop(t)
+	x.f.restart(t)
+}
+
 // DeleteIngestDurables deletes the ingest durable on every partition, as the operator.
 func (x *ExternalFixture) DeleteIngestDurables(t *testing.T) {
 	x.f.deleteIngestDurables(t, shippedTopology)

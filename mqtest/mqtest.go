@@ -94,6 +94,12 @@ type Harness struct {
 	// checked.
 	DeadLetters func(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message
 
+	// Restart, if not nil, closes b as a host does at a deploy and returns a broker
+	// opened again on the same store: the same directory for an embedded broker; for a
+	// client of an external server, a new client after the server itself restarted.
+	// A nil Restart skips the restart cases.
+	Restart func(t *testing.T, b mq.Broker) mq.Broker
+
 	// TooLarge is a payload size in bytes the broker refuses with mq.ErrPayloadTooLarge.
 	// Zero means 8 MiB.
 	TooLarge int
@@ -123,6 +129,11 @@ type Caps struct {
 	// accepted (1h included). False: it only checks cfg against the operator's durable,
 	// and refuses an AckWait longer than the durable's (24h is).
 	ConfiguresDurables bool
+
+	// StoresBudgets: the budgets SetMaxBytes set are kept in the broker's store and
+	// reported by MaxBytes after a restart (checked only with Harness.Restart). False:
+	// they live in the process, and the host sets them again after a restart.
+	StoresBudgets bool
 
 	// AckWaitRedelivers: an event delivered and left unsettled under an AckWait of
 	// 200 ms comes back. False: it does not come back within the quiet window (the
@@ -161,6 +172,7 @@ func cases() []testCase {
 		budgetCases(),
 		purgeCases(),
 		closeCases(),
+		restartCases(),
 	} {
 		all = append(all, group...)
 	}

@@ -1,0 +1,185 @@
+package mqtest
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+// idle is how long a restart case lets the broker run before it restarts, as a host
+// does between its last event and a deploy: a broker that finishes work in the
+// background (a history copying events, a flush) has done it by then.
+const idle = 2 * time.Second
+
+func restartCases() []testCase {
+	return []testCase{
+		{"AnIdleRestartDeliversEveryUnacknowledgedEventInOrder", needRestart, idleRestartDeliversEverything},
+		{"ARestartRedeliversWhatWasNakedOrHeldAndNotWhatWasAcknowledged", needRestart, restartRedeliversUnsettled},
+		{"ARestartKeepsDeadLettersAndBudgetsWhereTheBrokerStoresThem", needRestart, restartKeepsDeadLettersAndBudgets},
+		{"ARestartKeepsEnforcingTheBudgetOfWhatIsStillQueued", needRestart, restartKeepsEnforcing},
+	}
+}
+
+func needRestart(h Harness) string {
+	if h.Restart == nil {
+		return "Harness.Restart is nil"
+	}
+	return ""
+}
+
+// restart closes the case's broker and carries on with the one Harness.Restart opens
+// on the same store, restarting twice when twice is set: a loss may show only at the
+// store's second restart.
+func (e *env) restart() {
+	e.t.Helper()
+	b := e.h.Restart(e.t, e.b)
+	require.NotNil(e.t, b, "Harness.Restart returned nil")
+	e.b = b
+}
+
+// settle waits until a full replay of tp from the beginning has n events, so the
+// broker's history has them, then lets the broker idle.
+func (e *env) settle(tp mq.Topic, n int) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		got := 0
+		err := e.b.ReplaySince(e.ctx, tp, time.Time{}, func(*mq.Message) bool { got++; return true })
+		return err == nil && got >= n
+	}, 4*wait, poll, "the history of %s never held %d events", tp, n)
+	time.Sleep(idle)
+}
+
+// idleRestartDeliversEverything: events nobody consumed yet survive two restarts of a
+// broker that was left idle before each, and then arrive in order per tenant. (The
+// NATS brokers once lost them all: a restarting server removed what its history had
+// copied.)
+func idleRestartDeliversEverything(t *testing.T, h Harness) {
+	e := setup(t, h)
+	const n = 10
+	for i := range n {
+		e.publish(topic(Acme, "r", ""), fmt.Sprint(i))
+		e.publish(topic(Globex, "r", "s"), fmt.Sprint(i))
+	}
+	e.settle(topic(Acme, "r", ""), n)
+	e.restart()
+	e.settle(topic(Globex, "r", "s"), n)
+	e.restart()
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	got := byTenant(next(t, c.deliveries, 2*n))
+	assert.Equal(t, seq("", n), got[Acme], "acme's events after two restarts")
+	assert.Equal(t, seq("", n), got[Globex], "globex's events after two restarts")
+	none(t, c.deliveries)
+}
+
+// restartRedeliversUnsettled: before an idle restart the worker acknowledges some
+// events, naks others over and over and holds the rest unsettled; afterwards every
+// event it did not acknowledge comes again, and none it acknowledged.
+func restartRedeliversUnsettled(t *testing.T, h Harness) {
+	e := setup(t, h)
+	const n = 12
+	tp := topic(Acme, "settle", "")
+	for i := range n {
+		e.publish(tp, fmt.Sprint(i))
+	}
+	// Where AckWait redelivers, a short one brings held events back after the restart
+	// soon; elsewhere the operator's ack wait governs, and only naks are checked.
+	cfg := mq.ConsumerConfig{}
+	if h.Caps.AckWaitRedelivers {
+		cfg.AckWait = 200 * time.Millisecond
+	}
+	c := e.consume(cfg, func(m *mq.Message) error {
+		var i int
+		_, _ = fmt.Sscan(string(m.Data), &i)
+		switch i % 3 {
+		case 0:
+			return e.ackEach(m)
+		case 1:
+			if err := m.NakWithDelay(100 * time.Millisecond); err != nil { // again at every redelivery
+				e.errorf("nak with delay %q: %v", m.Data, err)
+			}
+		}
+		return nil // i%3 == 2: held, never settled
+	})
+	next(t, c.deliveries, n)
+	e.settle(tp, n)
+	c.stop()
+	e.restart()
+	d := e.consume(cfg, e.ackEach)
+	var want []string
+	for i := range n {
+		if i%3 == 1 || i%3 == 2 && h.Caps.AckWaitRedelivers {
+			want = append(want, fmt.Sprint(i))
+		}
+	}
+	got := datas(next(t, d.deliveries, len(want)))
+	assert.ElementsMatch(t, want, got, "every unacknowledged event after the restart, each once")
+	for _, g := range got {
+		var i int
+		_, _ = fmt.Sscan(g, &i)
+		assert.NotZero(t, i%3, "event %s was acknowledged before the restart and came again", g)
+	}
+}
+
+// restartKeepsDeadLettersAndBudgets: parked events are still counted after two
+// restarts; a budget set before them is still reported where the broker stores budgets
+// (Caps.StoresBudgets), and is reported as never set where it does not.
+func restartKeepsDeadLettersAndBudgets(t *testing.T, h Harness) {
+	e := setup(t, h)
+	require.NoError(t, e.b.SetMaxBytes(e.ctx, Acme, 40<<20))
+	e.park(topic(Acme, "orders", "eu"), "poison-1")
+	e.park(topic(Acme, "orders", ""), "poison-2")
+	e.park(topic(Globex, "users", ""), "poison-3")
+	time.Sleep(idle)
+	e.restart()
+	e.restart()
+	counts, err := e.b.DeadLetterCounts(e.ctx, Acme, "")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), counts.Total, "acme's parked events after two restarts")
+	assert.Equal(t, map[string]uint64{"orders": 2}, counts.Tables)
+	counts, err = e.b.DeadLetterCounts(e.ctx, Globex, "users")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), counts.Total, "globex's parked events after two restarts")
+	if h.Caps.StoresBudgets {
+		assert.Equal(t, int64(40<<20), e.b.MaxBytes(Acme), "StoresBudgets is declared: the budget after two restarts")
+	} else {
+		assert.Zero(t, e.b.MaxBytes(Acme), "StoresBudgets is not declared, yet a budget survived the restart")
+	}
+}
+
+// restartKeepsEnforcing: where budgets are enforced per tenant and stored, the bytes
+// still queued count against the budget after a restart exactly as before it: a
+// tenant that had room for one more event still has, and a tenant that was full still
+// is, until its events are consumed.
+func restartKeepsEnforcing(t *testing.T, h Harness) {
+	if !h.Caps.PerTenantBudget || !h.Caps.StoresBudgets {
+		t.Skip("needs Caps.PerTenantBudget and Caps.StoresBudgets")
+	}
+	e := setup(t, h)
+	// Find the budget that holds exactly k events of this size, by filling a fresh one.
+	tp := topic(Acme, "b", "")
+	const event = "0123456789abcdef0123456789abcdef"
+	require.NoError(t, e.b.SetMaxBytes(e.ctx, Acme, 4096))
+	k := 0
+	for ; ; k++ {
+		err := e.b.Publish(e.ctx, tp, []byte(event))
+		if errors.Is(err, mq.ErrQueueFull) {
+			break
+		}
+		require.NoError(t, err)
+		require.Less(t, k, 4096, "a 4 KiB budget never filled")
+	}
+	e.settle(tp, k)
+	e.restart()
+	assert.ErrorIs(t, e.b.Publish(e.ctx, tp, []byte(event)), mq.ErrQueueFull,
+		"the tenant was full before the restart and is after it")
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	next(t, c.deliveries, k)
+	require.Eventually(t, func() bool { return e.b.Publish(e.ctx, tp, []byte(event)) == nil }, wait, poll,
+		"once its queued events were consumed the tenant takes events again")
+}
