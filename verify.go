@@ -342,6 +342,9 @@ func (v *verifier) checkPartition(p int, cfg jetstream.StreamConfig) {
 }
 
 func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error {
+	if err := v.checkLegacyDurable(ctx, stream); err != nil {
+		return err
+	}
 	obj := "consumer " + stream + "/" + v.topo.IngestConsumer
 	cons, err := v.js.Consumer(ctx, stream, v.topo.IngestConsumer)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -434,6 +437,24 @@ func (v *verifier) checkExtraPartitions(ctx context.Context, owner map[string]in
 		default:
 			return fmt.Errorf("consumer %s/%s: %w", name, v.topo.IngestConsumer, err)
 		}
+	}
+	return nil
+}
+
+// checkLegacyDurable reports the durable's earlier default name still on a partition:
+// nothing acknowledges it any more, so it holds every event until it is deleted, and
+// the partition fills. Deleting it once the current durable exists loses nothing.
+func (v *verifier) checkLegacyDurable(ctx context.Context, stream string) error {
+	_, err := v.js.Consumer(ctx, stream, legacyIngestConsumer)
+	switch {
+	case err == nil, errors.Is(err, jetstream.ErrNotPullConsumer):
+		v.add(Recommended, "consumer "+stream+"/"+legacyIngestConsumer, "durable_name",
+			"is the ingest durable's earlier name: nothing acknowledges it, so it holds every event on the partition until deleted; "+
+				"delete it once %s exists (a single server loses unacknowledged events on restart under a name that sorts after \"JS_\")",
+			v.topo.IngestConsumer)
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	default:
+		return fmt.Errorf("consumer %s/%s: %w", stream, legacyIngestConsumer, err)
 	}
 	return nil
 }

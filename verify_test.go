@@ -151,6 +151,11 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 			s.streams = append(s.streams, jetstream.StreamConfig{Name: "OLD", Subjects: []string{"wh.ingest.9.>"}, Retention: jetstream.InterestPolicy})
 			s.consumers["OLD"] = []jetstream.ConsumerConfig{{Durable: "INGEST", AckPolicy: jetstream.AckExplicitPolicy}}
 		}, rec(stream("OLD"), "subjects"), nil},
+		{"the durable's earlier name left on a partition", func(t *testing.T, s *shape) {
+			legacy := *s.consumer(t, p1)
+			legacy.Durable = "wh-ingest"
+			s.consumers[p1] = append(s.consumers[p1], legacy)
+		}, rec("consumer "+p1+"/wh-ingest", "durable_name"), nil},
 		{"an extra stream nothing drains", func(t *testing.T, s *shape) {
 			s.streams = append(s.streams, jetstream.StreamConfig{Name: "STRAY", Subjects: []string{"wh.ingest.stray"}})
 		}, rec(stream("STRAY"), "subjects"), nil},
