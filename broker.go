@@ -97,6 +97,18 @@ type Message struct {
 	// Headers are the event's headers as published (options and trace context),
 	// without any "Nats-" header, the idempotency key included.
 	Headers Headers
+	// ID identifies the event: the idempotency key it was published with, as the
+	// caller gave it, or else the broker's own id for it. Every delivery of one event
+	// carries the same ID, so a handler can make its writes idempotent by it.
+	ID string
+	// Attempt is this delivery's number, 1 on the first; it grows with every
+	// redelivery (a nak, an ack wait run out, a restart). Always 1 on Subscribe and
+	// ReplaySince, which do not redeliver. Zero when the broker cannot tell.
+	Attempt int
+	// Sequence is where the event was read: its sequence on its partition on the
+	// worker path, on the history for Subscribe and ReplaySince. Within one partition
+	// (so within one tenant) it grows in publish order. Zero when the broker has none.
+	Sequence uint64
 	// Ctx is the context a handler should work under. On the hub path (Subscribe) it
 	// carries the publisher's trace context; on the worker path (Consume) it is the
 	// context given to CreateConsumer.
@@ -124,6 +136,12 @@ func WithSettler(s Settler) MessageOpt { return func(m *Message) { m.settler = s
 
 // WithTimestamp sets the message's stored time.
 func WithTimestamp(t time.Time) MessageOpt { return func(m *Message) { m.Timestamp = t } }
+
+// WithDelivery sets what a broker knows of this delivery: the event's ID, the attempt
+// and the sequence it was read at.
+func WithDelivery(id string, attempt int, sequence uint64) MessageOpt {
+	return func(m *Message) { m.ID, m.Attempt, m.Sequence = id, attempt, sequence }
+}
 
 // WithMessageHeaders sets the message's headers.
 func WithMessageHeaders(h Headers) MessageOpt { return func(m *Message) { m.Headers = h } }

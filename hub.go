@@ -3,6 +3,7 @@ package mq
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,11 +15,16 @@ import (
 // message builds the Message for a delivered JetStream message.
 func (c *natsCore) message(ctx context.Context, m jetstream.Msg, settler Settler) *Message {
 	var ts time.Time
+	var attempt int
+	var seq uint64
 	if meta, err := m.Metadata(); err == nil {
-		ts = meta.Timestamp
+		ts, attempt, seq = meta.Timestamp, int(meta.NumDelivered), meta.Sequence.Stream
 	}
-	return newKeyedMessage(ctx, c.subs.keyOrSubject(m.Subject()), m.Data(),
+	msg := newKeyedMessage(ctx, c.subs.keyOrSubject(m.Subject()), m.Data(),
 		WithTimestamp(ts), WithMessageHeaders(userHeaders(m.Headers())), WithSettler(settler))
+	tenant, _, _ := strings.Cut(msg.key, ".") // a key's first token is its tenant
+	msg.ID, msg.Attempt, msg.Sequence = eventID(TenantID(tenant), m.Headers().Get(HeaderIdempotencyKey)), attempt, seq
+	return msg
 }
 
 // subscribe runs the hub: an ordered, ack-less consumer on the history from the next

@@ -51,7 +51,7 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	}
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier(h))
 	if key := h.Get(HeaderIdempotencyKey); key != "" {
-		h.Set(HeaderIdempotencyKey, tenant+"."+key)
+		h.Set(HeaderIdempotencyKey, scopedID(tenant, key))
 	} else {
 		h.Set(HeaderIdempotencyKey, nuid.Next())
 	}
@@ -60,6 +60,19 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 			ErrPayloadTooLarge, subject, size, limit)
 	}
 	return outgoing{subject: subject, stream: stream, header: h, data: data}, nil
+}
+
+// scopedID is the message id of the caller's idempotency key key for tenant.
+func scopedID(tenant, key string) string { return tenant + "." + key }
+
+// eventID is the event's ID as Message.ID gives it, from its stored message id: the
+// caller's key without the tenant scope, or the broker's own id as it is (a nuid,
+// which never holds a '.', so never looks scoped).
+func eventID(tenant TenantID, msgID string) string {
+	if key, ok := strings.CutPrefix(msgID, string(tenant)+"."); ok && tenant != "" {
+		return key
+	}
+	return msgID
 }
 
 // validateHeaders refuses header names the broker reserves ("Nats-", except the

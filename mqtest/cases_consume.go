@@ -3,6 +3,7 @@ package mqtest
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ func consumeCases() []testCase {
 		{"PrefetchZeroTakesTheDefault", always, prefetchZero},
 		{"ConsumeDeliversATenantBudgetedAfterItStarted", always, consumeSeesALaterTenant},
 		{"StopEndsDelivery", always, stopEndsDelivery},
+		{"DeliveryCarriesTheEventIDTheAttemptAndItsSequence", always, deliveryMetadata},
 	}
 }
 
@@ -290,4 +292,54 @@ func stopEndsDelivery(t *testing.T, h Harness) {
 	c.stop() // a second stop is harmless
 	e.quiesces(tp, c.deliveries, "stop")
 	noFailure(t, c.failed)
+}
+
+// deliveryMetadata: a delivery carries the event's ID (the idempotency key as the
+// caller gave it, else an id of the broker's that differs between events), its
+// attempt (1, then 2 after a nak, with the same ID) and a sequence that grows in
+// publish order within a tenant; none of it shows up among the headers.
+func deliveryMetadata(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "meta", "")
+	e.publish(tp, "keyed", mq.WithIdempotencyKey("row-1"))
+	e.publish(tp, "plain-1")
+	e.publish(tp, "plain-2")
+	var calls counter
+	c := e.consume(mq.ConsumerConfig{}, func(m *mq.Message) error {
+		if string(m.Data) == "keyed" && calls.inc("keyed") == 1 {
+			if err := m.Nak(); err != nil {
+				e.errorf("nak: %v", err)
+			}
+			return nil
+		}
+		return e.ackEach(m)
+	})
+	byData := map[string][]*mq.Message{}
+	for _, d := range next(t, c.deliveries, 4) {
+		byData[d.data] = append(byData[d.data], d.msg)
+	}
+	require.Len(t, byData["keyed"], 2, "the nak'ed event twice")
+	first, again := byData["keyed"][0], byData["keyed"][1]
+	assert.Equal(t, "row-1", first.ID, "the ID is the idempotency key as given")
+	assert.Equal(t, first.ID, again.ID, "a redelivery carries the same ID")
+	assert.Equal(t, 1, first.Attempt, "the first delivery is attempt 1")
+	assert.Equal(t, 2, again.Attempt, "the redelivery after a nak is attempt 2")
+	p1, p2 := byData["plain-1"][0], byData["plain-2"][0]
+	assert.NotEmpty(t, p1.ID, "an event published without a key still has an ID")
+	assert.NotEqual(t, p1.ID, p2.ID, "two events without a key have different IDs")
+	if first.Sequence != 0 || p1.Sequence != 0 {
+		assert.Less(t, first.Sequence, p1.Sequence, "sequences grow in publish order within a tenant")
+		assert.Less(t, p1.Sequence, p2.Sequence, "sequences grow in publish order within a tenant")
+		assert.Equal(t, first.Sequence, again.Sequence, "a redelivery is read at the same sequence")
+	}
+	for _, m := range []*mq.Message{first, again, p1, p2} {
+		for k := range m.Headers {
+			assert.NotContains(t, strings.ToLower(k), "nats-", "a broker header among the user headers")
+		}
+	}
+	sub := e.subscribe("meta")
+	e.publish(tp, "live", mq.WithIdempotencyKey("row-2"))
+	live := next(t, sub, 1)[0].msg
+	assert.Equal(t, "row-2", live.ID, "the hub gives the ID too")
+	assert.Equal(t, 1, live.Attempt, "the hub's delivery is attempt 1")
 }
