@@ -375,7 +375,9 @@ func (e *EmbeddedNATS) ClientURL() string {
 	return e.srv.ClientURL()
 }
 
-// Publish stores data on the tenant's partition once it fits the tenant's budget.
+// Publish stores data on the tenant's partition once it fits the tenant's budget. The
+// bytes it reserves are given back on every way out that stored nothing, a panic
+// included.
 func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error {
 	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
 	if err != nil {
@@ -386,13 +388,17 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", ev.subject, err)
 	}
+	keep := false
+	defer func() {
+		if fresh && !keep {
+			e.budgets.release(id)
+		}
+	}()
 	ack, retried, err := e.core.send(ctx, ev)
 	// A Duplicate after a retry is this publish's own event, stored by an attempt
 	// whose answer was lost: keep counting it. An error leaves the outcome unknown;
 	// counting stops, and a reopen counts what was stored.
-	if fresh && (err != nil || (ack.Duplicate && !retried)) {
-		e.budgets.release(id)
-	}
+	keep = err == nil && (!ack.Duplicate || retried)
 	return err
 }
 
@@ -451,6 +457,9 @@ func (e *EmbeddedNATS) ReplaySince(ctx context.Context, topic Topic, since time.
 func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error {
 	if err := e.core.checkOpen(); err != nil {
 		return err
+	}
+	if ctx == nil {
+		return errNilContext("set max bytes")
 	}
 	if err := tenant.Validate(); err != nil {
 		return fmt.Errorf("set max bytes: %w", err)

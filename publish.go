@@ -140,6 +140,9 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	if err := c.checkOpen(); err != nil {
 		return outgoing{}, err
 	}
+	if ctx == nil {
+		return outgoing{}, errNilContext("publish")
+	}
 	subject, p, err := c.subs.ingestTopic(topic)
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
@@ -155,6 +158,10 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	}
 	return ev, nil
 }
+
+// errNilContext refuses a nil context before anything is sent or reserved: every
+// request would panic on it.
+func errNilContext(op string) error { return errors.New(op + ": nil context") }
 
 func cloneHeaders(h Headers) Headers {
 	out := make(Headers, len(h))

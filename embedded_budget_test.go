@@ -1,0 +1,127 @@
+package mq
+
+import (
+	"context"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// Budget accounting as a host sees it: through MaxBytes, the per-tenant gauges and
+// which publishes fit, across restarts of one store.
+
+// meteredBroker is an EmbeddedNATS with a manual reader on its gauges.
+type meteredBroker struct {
+	*EmbeddedNATS
+	reader *sdkmetric.ManualReader
+}
+
+func openMetered(t *testing.T, dir string, mutate ...func(*EmbeddedOptions)) meteredBroker {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	e := openEmbedded(t, dir, append([]func(*EmbeddedOptions){func(o *EmbeddedOptions) {
+		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	}}, mutate...)...)
+	return meteredBroker{EmbeddedNATS: e, reader: reader}
+}
+
+// gauges returns the backlog and budget gauges by tenant.
+func (m meteredBroker) gauges(t *testing.T) (backlog, budget map[TenantID]int64) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, m.reader.Collect(t.Context(), &rm))
+	backlog, budget = map[TenantID]int64{}, map[TenantID]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, metric := range sm.Metrics {
+			var into map[TenantID]int64
+			switch metric.Name {
+			case "wavehouse_mq_tenant_backlog_bytes":
+				into = backlog
+			case "wavehouse_mq_tenant_budget_bytes":
+				into = budget
+			default:
+				continue
+			}
+			for _, dp := range metric.Data.(metricdata.Gauge[int64]).DataPoints {
+				v, _ := dp.Attributes.Value(attribute.Key("tenant"))
+				into[TenantID(v.AsString())] = dp.Value
+			}
+		}
+	}
+	return backlog, budget
+}
+
+func (m meteredBroker) backlog(t *testing.T, tenant TenantID) int64 {
+	t.Helper()
+	backlog, _ := m.gauges(t)
+	return backlog[tenant]
+}
+
+// partitionState is the state of tenant's partition.
+func partitionState(t *testing.T, e *EmbeddedNATS, tenant TenantID) jetstream.StreamState {
+	t.Helper()
+	s, err := e.js.Stream(testCtx(t), e.topo.PartitionStream(Partition(tenant, e.topo.Partitions)))
+	require.NoError(t, err)
+	return s.CachedInfo().State
+}
+
+// oneEventBytes publishes data once on an otherwise empty broker, reads what it counts
+// against the tenant, and acks it away again.
+func oneEventBytes(t *testing.T, b meteredBroker, topic Topic, data []byte) int64 {
+	t.Helper()
+	require.NoError(t, b.SetMaxBytes(testCtx(t), topic.Tenant, 1<<20))
+	require.NoError(t, b.Publish(testCtx(t), topic, data))
+	n := b.backlog(t, topic.Tenant)
+	require.Positive(t, n)
+	drain(t, b.EmbeddedNATS, 1)
+	require.Zero(t, b.backlog(t, topic.Tenant))
+	return n
+}
+
+// panicOnErr is a context whose Err panics: a stand-in for any panic on the publish
+// path after the budget was reserved.
+type panicOnErr struct{ context.Context }
+
+func (panicOnErr) Err() error { panic("mq test: Err called") }
+
+// TestEmbeddedNATS_APublishThatPanicsAfterReservingHoldsNothing is issue 7 (d): a
+// publish that panics once its bytes are reserved must give them back.
+func TestEmbeddedNATS_APublishThatPanicsAfterReservingHoldsNothing(t *testing.T) {
+	b := openMetered(t, "")
+	ctx := testCtx(t)
+	topic := Topic{Tenant: "acme", Table: "t"}
+	data := []byte("payload")
+	size := oneEventBytes(t, b, topic, data)
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", size))
+	require.Panics(t, func() { _ = b.Publish(panicOnErr{ctx}, topic, data) })
+	assert.Zero(t, b.backlog(t, "acme"), "the panicked publish holds nothing")
+	require.NoError(t, b.Publish(ctx, topic, data), "the whole budget is free")
+}
+
+// TestEmbeddedNATS_ANilContextIsRefusedAndHoldsNothing is issue 7 (d): a nil context
+// is an error, not a panic, and neither Publish nor SetMaxBytes changes anything.
+func TestEmbeddedNATS_ANilContextIsRefusedAndHoldsNothing(t *testing.T) {
+	b := openMetered(t, "")
+	ctx := testCtx(t)
+	topic := Topic{Tenant: "acme", Table: "t"}
+	data := []byte("payload")
+	size := oneEventBytes(t, b, topic, data)
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", size))
+	last := partitionState(t, b.EmbeddedNATS, "acme").LastSeq
+	var noCtx context.Context
+	require.NotPanics(t, func() {
+		err := b.Publish(noCtx, topic, data)
+		require.ErrorContains(t, err, "nil context")
+		err = b.SetMaxBytes(noCtx, "acme", 1)
+		require.ErrorContains(t, err, "nil context")
+	})
+	assert.Equal(t, size, b.MaxBytes("acme"), "the budget stays as it was")
+	assert.Zero(t, b.backlog(t, "acme"))
+	assert.Equal(t, last, partitionState(t, b.EmbeddedNATS, "acme").LastSeq, "nothing was stored")
+	require.NoError(t, b.Publish(ctx, topic, data), "the whole budget is free")
+}
