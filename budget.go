@@ -12,9 +12,21 @@ import (
 // publish, never counts twice.
 type budgets struct {
 	mu   sync.Mutex
-	max  map[TenantID]int64
+	max  map[TenantID]budgetLimit
 	used map[TenantID]int64
 	held map[string]heldEvent
+	// doubted names tenants with a budget write whose answer was lost: it may yet be
+	// stored, so memory cannot tell whether a value is already in force.
+	doubted map[TenantID]bool
+}
+
+// budgetLimit is a tenant's budget and the revision of the store's bucket it was
+// written at. Revisions order every write of the bucket, so memory applies a value
+// only if it is newer than the one in force: the store keeps its last write, and
+// concurrent writers must not leave memory with an older one.
+type budgetLimit struct {
+	n   int64
+	rev uint64
 }
 
 type heldEvent struct {
@@ -23,7 +35,10 @@ type heldEvent struct {
 }
 
 func newBudgets() *budgets {
-	return &budgets{max: map[TenantID]int64{}, used: map[TenantID]int64{}, held: map[string]heldEvent{}}
+	return &budgets{
+		max: map[TenantID]budgetLimit{}, used: map[TenantID]int64{}, held: map[string]heldEvent{},
+		doubted: map[TenantID]bool{},
+	}
 }
 
 // eventSize is what an event counts against its tenant's budget: subject, user
@@ -44,9 +59,9 @@ func (b *budgets) reserve(tenant TenantID, id string, size int64) (bool, error) 
 	if !ok {
 		return false, fmt.Errorf("%w: tenant %s has no byte budget (SetMaxBytes opens it)", ErrQueueFull, tenant)
 	}
-	if used := b.used[tenant]; used+size > limit {
+	if used := b.used[tenant]; used+size > limit.n {
 		return false, fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
-			ErrQueueFull, tenant, used, size, limit)
+			ErrQueueFull, tenant, used, size, limit.n)
 	}
 	b.holdLocked(id, heldEvent{tenant: tenant, size: size})
 	return true, nil
@@ -80,18 +95,58 @@ func (b *budgets) release(id string) {
 	b.used[ev.tenant] -= ev.size
 }
 
-func (b *budgets) set(tenant TenantID, n int64) {
+// stored applies tenant's budget n as the store holds it at revision rev, unless a
+// later revision is already in force.
+func (b *budgets) stored(tenant TenantID, n int64, rev uint64) {
 	b.mu.Lock()
-	b.max[tenant] = n
+	defer b.mu.Unlock()
+	if cur, ok := b.max[tenant]; ok && cur.rev >= rev {
+		return
+	}
+	b.max[tenant] = budgetLimit{n: n, rev: rev}
+}
+
+// removed drops tenant's budget, deleted from the store at revision rev, unless a
+// later revision is already in force.
+func (b *budgets) removed(tenant TenantID, rev uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cur, ok := b.max[tenant]; ok && cur.rev >= rev {
+		return
+	}
+	delete(b.max, tenant)
+}
+
+// wrote applies a budget write the store confirmed at revision rev.
+func (b *budgets) wrote(tenant TenantID, n int64, rev uint64) {
+	b.stored(tenant, n, rev)
+	b.mu.Lock()
+	delete(b.doubted, tenant)
 	b.mu.Unlock()
+}
+
+// doubt records a write of tenant's budget whose outcome is unknown.
+func (b *budgets) doubt(tenant TenantID) {
+	b.mu.Lock()
+	b.doubted[tenant] = true
+	b.mu.Unlock()
+}
+
+// inForce reports whether n is tenant's budget with no write of it in doubt, so
+// writing n again would change nothing.
+func (b *budgets) inForce(tenant TenantID, n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur, ok := b.max[tenant]
+	return ok && cur.n == n && !b.doubted[tenant]
 }
 
 // limit returns tenant's budget and whether it has one.
 func (b *budgets) limit(tenant TenantID) (int64, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n, ok := b.max[tenant]
-	return n, ok
+	cur, ok := b.max[tenant]
+	return cur.n, ok
 }
 
 // snapshot returns every budgeted tenant's budget and backlog.
@@ -100,8 +155,8 @@ func (b *budgets) snapshot() (limits, used map[TenantID]int64) {
 	defer b.mu.Unlock()
 	limits = make(map[TenantID]int64, len(b.max))
 	used = make(map[TenantID]int64, len(b.max))
-	for t, n := range b.max {
-		limits[t] = n
+	for t, lim := range b.max {
+		limits[t] = lim.n
 		used[t] = b.used[t]
 	}
 	return limits, used

@@ -51,18 +51,23 @@ type EmbeddedOptions struct {
 // NATSTopology itself and enforces per-tenant byte budgets, because it sees every
 // publish: a tenant never given a budget is refused with ErrQueueFull.
 type EmbeddedNATS struct {
-	core      *natsCore
-	topo      NATSTopology
-	subs      subjects
-	js        jetstream.JetStream
-	nc        *nats.Conn
-	srv       *server.Server
-	log       *slog.Logger
-	budgets   *budgets
-	kv        jetstream.KeyValue
-	metrics   metric.Registration
-	tempDir   string
-	listening bool
+	core    *natsCore
+	topo    NATSTopology
+	subs    subjects
+	js      jetstream.JetStream
+	nc      *nats.Conn
+	srv     *server.Server
+	log     *slog.Logger
+	budgets *budgets
+	kv      jetstream.KeyValue
+	// budgetWatch follows the budget bucket; budgetWatchEnd cancels its context and
+	// budgetWatchDone closes when its goroutine has ended.
+	budgetWatch     jetstream.KeyWatcher
+	budgetWatchEnd  context.CancelFunc
+	budgetWatchDone chan struct{}
+	metrics         metric.Registration
+	tempDir         string
+	listening       bool
 }
 
 var _ Broker = (*EmbeddedNATS)(nil)
@@ -202,7 +207,7 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
 	}
 	e.kv = kv
-	if err := e.loadBudgets(ctx); err != nil {
+	if err := e.watchBudgets(ctx); err != nil {
 		return err
 	}
 	for p := range e.topo.Partitions {
@@ -216,24 +221,75 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 
 func (e *EmbeddedNATS) budgetBucket() string { return strings.ToUpper(e.topo.Prefix) + "_BUDGETS" }
 
-func (e *EmbeddedNATS) loadBudgets(ctx context.Context) error {
-	keys, err := e.kv.ListKeys(ctx)
-	if err != nil {
-		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
+// watchBudgets enforces the budgets the store holds and keeps following the bucket
+// until the broker shuts down: a write whose answer was lost (SetMaxBytes returned an
+// error) is enforced once it turns out stored, so memory never keeps a budget the
+// store does not. It returns once every stored budget is enforced.
+func (e *EmbeddedNATS) watchBudgets(ctx context.Context) error {
+	// The watch's ordered consumer re-creates itself with the context it started with,
+	// so that context lives until shutdown; only its start is bounded by the boot's.
+	wctx, cancel := context.WithCancel(context.Background())
+	unbound := context.AfterFunc(ctx, cancel)
+	w, err := e.kv.WatchAll(wctx)
+	if !unbound() || err != nil {
+		cancel()
+		return fmt.Errorf("budget bucket %s: watch: %w", e.budgetBucket(), cmp.Or(err, ctx.Err()))
 	}
-	for key := range keys.Keys() {
-		entry, err := e.kv.Get(ctx, key)
-		if err != nil {
-			return fmt.Errorf("budget of tenant %s: %w", key, err)
+	e.budgetWatch = w
+	e.budgetWatchEnd = cancel
+	done := make(chan struct{})
+	e.budgetWatchDone = done
+	loaded := make(chan struct{})
+	go func() {
+		defer close(done)
+		for entry := range w.Updates() {
+			if entry == nil {
+				close(loaded)
+				continue
+			}
+			e.applyStoredBudget(entry)
 		}
-		n, err := strconv.ParseInt(string(entry.Value()), 10, 64)
-		if err != nil || TenantID(key).Validate() != nil {
-			e.log.Warn("mq: ignoring a malformed stored budget", "key", key)
-			continue
-		}
-		e.budgets.set(TenantID(key), n)
+	}()
+	select {
+	case <-loaded:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("budget bucket %s: loading the budgets: %w", e.budgetBucket(), ctx.Err())
 	}
-	return nil
+}
+
+// applyStoredBudget enforces one entry of the budget bucket.
+func (e *EmbeddedNATS) applyStoredBudget(entry jetstream.KeyValueEntry) {
+	tenant := TenantID(entry.Key())
+	if tenant.Validate() != nil {
+		e.log.Warn("mq: ignoring a malformed stored budget", "key", entry.Key())
+		return
+	}
+	if entry.Operation() != jetstream.KeyValuePut {
+		e.budgets.removed(tenant, entry.Revision())
+		return
+	}
+	n, err := strconv.ParseInt(string(entry.Value()), 10, 64)
+	if err != nil || n < 0 {
+		e.log.Warn("mq: ignoring a malformed stored budget", "key", entry.Key())
+		return
+	}
+	e.budgets.stored(tenant, n, entry.Revision())
+}
+
+// stopBudgetWatch ends the watch of the budget bucket and waits, bounded, for its
+// goroutine.
+func (e *EmbeddedNATS) stopBudgetWatch() {
+	if e.budgetWatch == nil {
+		return
+	}
+	_ = e.budgetWatch.Stop()
+	e.budgetWatchEnd()
+	select {
+	case <-e.budgetWatchDone:
+	case <-time.After(closeFlushTimeout):
+		e.log.Warn("mq: the budget watch did not end", "bucket", e.budgetBucket())
+	}
 }
 
 // rebuildBacklog counts partition p's events above the durable's ack floor against
@@ -453,7 +509,8 @@ func (e *EmbeddedNATS) ReplaySince(ctx context.Context, topic Topic, since time.
 	return e.core.replay(ctx, topic, since, send)
 }
 
-// SetMaxBytes records tenant's budget in the store and enforces it from now on.
+// SetMaxBytes records tenant's budget in the store and enforces it from now on. Of
+// concurrent calls for one tenant, the one the store keeps last is the one enforced.
 func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error {
 	if err := e.core.checkOpen(); err != nil {
 		return err
@@ -467,13 +524,17 @@ func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxByte
 	if maxBytes < 0 {
 		return fmt.Errorf("set max bytes: tenant %s: negative budget %d", tenant, maxBytes)
 	}
-	if n, ok := e.budgets.limit(tenant); ok && n == maxBytes {
+	if e.budgets.inForce(tenant, maxBytes) {
 		return nil
 	}
-	if _, err := e.kv.Put(ctx, string(tenant), []byte(strconv.FormatInt(maxBytes, 10))); err != nil {
+	rev, err := e.kv.Put(ctx, string(tenant), []byte(strconv.FormatInt(maxBytes, 10)))
+	if err != nil {
+		// The write may be stored all the same: the watch enforces it then, and
+		// until the outcome is known the next call writes rather than trust memory.
+		e.budgets.doubt(tenant)
 		return e.core.mapRequestError("set max bytes: tenant "+string(tenant), err)
 	}
-	e.budgets.set(tenant, maxBytes)
+	e.budgets.wrote(tenant, maxBytes, rev)
 	return nil
 }
 
@@ -513,6 +574,7 @@ func (e *EmbeddedNATS) shutdown() {
 	if e.metrics != nil {
 		_ = e.metrics.Unregister()
 	}
+	e.stopBudgetWatch()
 	if e.nc != nil {
 		_ = e.nc.FlushTimeout(closeFlushTimeout)
 		e.nc.Close()

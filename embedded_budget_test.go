@@ -2,7 +2,12 @@ package mq
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -14,6 +19,10 @@ import (
 
 // Budget accounting as a host sees it: through MaxBytes, the per-tenant gauges and
 // which publishes fit, across restarts of one store.
+
+// idleBeforeRestart is how long a test lets a broker run idle before closing it, as
+// a host does between deploys.
+const idleBeforeRestart = 2 * time.Second
 
 // meteredBroker is an EmbeddedNATS with a manual reader on its gauges.
 type meteredBroker struct {
@@ -62,6 +71,14 @@ func (m meteredBroker) backlog(t *testing.T, tenant TenantID) int64 {
 	return backlog[tenant]
 }
 
+// restart closes b after it ran idle and opens its store again.
+func restart(t *testing.T, b meteredBroker, dir string, mutate ...func(*EmbeddedOptions)) meteredBroker {
+	t.Helper()
+	time.Sleep(idleBeforeRestart)
+	require.NoError(t, b.Close())
+	return openMetered(t, dir, mutate...)
+}
+
 // partitionState is the state of tenant's partition.
 func partitionState(t *testing.T, e *EmbeddedNATS, tenant TenantID) jetstream.StreamState {
 	t.Helper()
@@ -81,6 +98,45 @@ func oneEventBytes(t *testing.T, b meteredBroker, topic Topic, data []byte) int6
 	drain(t, b.EmbeddedNATS, 1)
 	require.Zero(t, b.backlog(t, topic.Tenant))
 	return n
+}
+
+// TestEmbeddedNATS_ConcurrentSetMaxBytesSurviveARestartAsEnforced is issue 7 (c):
+// whichever of several concurrent SetMaxBytes calls for a tenant wins, the budget
+// enforced is the one the store keeps, so a restart brings back exactly it.
+func TestEmbeddedNATS_ConcurrentSetMaxBytesSurviveARestartAsEnforced(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	b := openMetered(t, dir)
+	ctx := testCtx(t)
+	const tenants, writers = 64, 8
+	var wg sync.WaitGroup
+	for i := range tenants {
+		for w := range writers {
+			wg.Go(func() {
+				assert.NoError(t, b.SetMaxBytes(ctx, TenantID(fmt.Sprintf("t%02d", i)), int64(1000+100*i+w)))
+			})
+		}
+	}
+	wg.Wait()
+	enforced := map[TenantID]int64{}
+	for i := range tenants {
+		tenant := TenantID(fmt.Sprintf("t%02d", i))
+		enforced[tenant] = b.MaxBytes(tenant)
+		require.GreaterOrEqual(t, enforced[tenant], int64(1000+100*i), "tenant %s", tenant)
+	}
+	_, budget := b.gauges(t)
+	require.Equal(t, enforced, budget)
+	for r := range 2 {
+		b = restart(t, b, dir)
+		_, budget := b.gauges(t)
+		var differ []string
+		for tenant, n := range enforced {
+			if got := b.MaxBytes(tenant); got != n || budget[tenant] != n {
+				differ = append(differ, fmt.Sprintf("%s: enforced %d, now %d (gauge %d)", tenant, n, got, budget[tenant]))
+			}
+		}
+		slices.Sort(differ)
+		assert.Empty(t, differ, "after restart %d, %d of %d tenants differ", r+1, len(differ), tenants)
+	}
 }
 
 // panicOnErr is a context whose Err panics: a stand-in for any panic on the publish
