@@ -3,6 +3,7 @@ package mq
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -59,7 +60,9 @@ type EmbeddedNATS struct {
 	srv     *server.Server
 	log     *slog.Logger
 	budgets *budgets
-	kv      jetstream.KeyValue
+	// partitionOf maps a partition's stream name to its index.
+	partitionOf map[string]int
+	kv          jetstream.KeyValue
 	// budgetWatch follows the budget bucket; budgetWatchEnd cancels its context and
 	// budgetWatchDone closes when its goroutine has ended.
 	budgetWatch     jetstream.KeyWatcher
@@ -99,7 +102,14 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	log := cmp.Or(opts.Logger, slog.Default())
-	e := &EmbeddedNATS{topo: topo, subs: topo.subjects(), log: log, budgets: newBudgets()}
+	e := &EmbeddedNATS{
+		topo: topo, subs: topo.subjects(), log: log,
+		budgets:     newBudgets(topo.Partitions, topo.DuplicateWindow-topo.minDuplicateWindow()),
+		partitionOf: make(map[string]int, topo.Partitions),
+	}
+	for p := range topo.Partitions {
+		e.partitionOf[topo.PartitionStream(p)] = p
+	}
 	dir := opts.StoreDir
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "mq-embedded-")
@@ -292,8 +302,8 @@ func (e *EmbeddedNATS) stopBudgetWatch() {
 	}
 }
 
-// rebuildBacklog counts partition p's events above the durable's ack floor against
-// their tenants, reading headers only.
+// rebuildBacklog counts partition p's stored events that the durable has not
+// acknowledged against their tenants, reading headers only.
 func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 	name := e.topo.PartitionStream(p)
 	stream, err := e.js.Stream(ctx, name)
@@ -305,6 +315,7 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 		return fmt.Errorf("consumer %s/%s: %w", name, e.topo.IngestConsumer, err)
 	}
 	floor := cons.CachedInfo().AckFloor.Stream
+	e.budgets.ackedThrough(p, floor)
 	last := stream.CachedInfo().State.LastSeq
 	if last <= floor {
 		return nil
@@ -336,7 +347,7 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			if err != nil {
 				continue
 			}
-			e.holdStored(m)
+			e.holdStored(p, m, meta)
 			if meta.Sequence.Stream >= last {
 				return nil
 			}
@@ -348,21 +359,31 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 }
 
 // holdStored counts a stored event (delivered headers-only) against its tenant.
-func (e *EmbeddedNATS) holdStored(m jetstream.Msg) {
-	key, ok := e.subs.key(m.Subject())
+func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta *jetstream.MsgMetadata) {
+	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
+	ev, ok := e.storedEvent(m.Subject(), m.Headers(), dataLen)
 	if !ok {
 		return
 	}
+	e.budgets.adopt(eventRef{p, meta.Sequence.Stream}, ev, meta.Timestamp)
+}
+
+// storedEvent is what a stored event counts, and against which tenant; false for a
+// subject this package could not have written.
+func (e *EmbeddedNATS) storedEvent(subject string, h nats.Header, dataLen int) (heldEvent, bool) {
+	key, ok := e.subs.key(subject)
+	if !ok {
+		return heldEvent{}, false
+	}
 	t, err := ParseTopicKey(key)
 	if err != nil {
-		return
+		return heldEvent{}, false
 	}
-	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
-	id := m.Headers().Get(HeaderIdempotencyKey)
-	if id == "" {
-		return
+	ev := heldEvent{tenant: t.Tenant, size: eventSize(subject, userHeaders(h), dataLen)}
+	if id := h.Get(HeaderIdempotencyKey); callerKeyed(id) {
+		ev.keyedID = id
 	}
-	e.budgets.restore(id, heldEvent{tenant: t.Tenant, size: eventSize(m.Subject(), userHeaders(m.Headers()), dataLen)})
+	return ev, true
 }
 
 // awaitSources waits, bounded, until the history has attached every partition: an
@@ -398,7 +419,13 @@ func (e *EmbeddedNATS) sourcesAttached(ctx context.Context) (bool, error) {
 
 // settler releases the event's budget once the worker acknowledged it.
 func (e *EmbeddedNATS) settler(m jetstream.Msg) Settler {
-	return budgetSettler{Msg: m, release: func() { e.budgets.release(m.Headers().Get(HeaderIdempotencyKey)) }}
+	ref := eventRef{partition: -1}
+	if meta, err := m.Metadata(); err == nil {
+		if p, ok := e.partitionOf[meta.Stream]; ok {
+			ref = eventRef{p, meta.Sequence.Stream}
+		}
+	}
+	return budgetSettler{Msg: m, release: func() { e.budgets.release(ref) }}
 }
 
 type budgetSettler struct {
@@ -439,23 +466,57 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return err
 	}
-	id := ev.header.Get(HeaderIdempotencyKey)
-	fresh, err := e.budgets.reserve(topic.Tenant, id, eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(data)))
+	p := e.partitionOf[ev.stream]
+	keyedID := ""
+	if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
+		keyedID = id
+	}
+	size := eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(data))
+	r, err := e.budgets.reserve(topic.Tenant, p, keyedID, size, time.Now())
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", ev.subject, err)
 	}
-	keep := false
-	defer func() {
-		if fresh && !keep {
-			e.budgets.release(id)
+	defer e.budgets.cancel(r)
+	// An error leaves the outcome unknown: counting stops, and a reopen counts what
+	// was stored.
+	ack, _, err := e.core.send(ctx, ev)
+	if err != nil {
+		return err
+	}
+	if !ack.Duplicate {
+		e.budgets.commit(r, ack.Sequence)
+		return nil
+	}
+	e.adoptUncounted(ctx, eventRef{p, ack.Sequence})
+	return nil
+}
+
+// adoptUncounted counts the event a repeated message id was dropped in favour of,
+// if nothing counts it yet: an earlier attempt of the same publish stored it and
+// its answer was lost, or the publish that stored it ended without an answer. The
+// stored event is read back, because a repeat may carry other data than the event
+// the stream kept.
+func (e *EmbeddedNATS) adoptUncounted(ctx context.Context, ref eventRef) {
+	if e.budgets.counted(ref) {
+		return
+	}
+	name := e.topo.PartitionStream(ref.partition)
+	stream, err := e.js.Stream(ctx, name)
+	if err != nil {
+		e.log.Warn("mq: cannot read back a repeated event to count it", "stream", name, "seq", ref.seq, "error", err)
+		return
+	}
+	m, err := stream.GetMsg(ctx, ref.seq)
+	if err != nil {
+		// Gone means acknowledged everywhere: nothing to count.
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			e.log.Warn("mq: cannot read back a repeated event to count it", "stream", name, "seq", ref.seq, "error", err)
 		}
-	}()
-	ack, retried, err := e.core.send(ctx, ev)
-	// A Duplicate after a retry is this publish's own event, stored by an attempt
-	// whose answer was lost: keep counting it. An error leaves the outcome unknown;
-	// counting stops, and a reopen counts what was stored.
-	keep = err == nil && (!ack.Duplicate || retried)
-	return err
+		return
+	}
+	if ev, ok := e.storedEvent(m.Subject, m.Header, len(m.Data)); ok {
+		e.budgets.adopt(ref, ev, m.Time)
+	}
 }
 
 // Subscribe runs the hub: an ordered consumer on the history from now on.

@@ -159,6 +159,11 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	return ev, nil
 }
 
+// callerKeyed reports whether message id id was made from a caller's idempotency key
+// by ingestEvent: those are scoped to the tenant as "<tenant>.<key>", and a tenant has
+// no dot, while a generated id (a nuid) never has one.
+func callerKeyed(id string) bool { return strings.Contains(id, ".") }
+
 // errNilContext refuses a nil context before anything is sent or reserved: every
 // request would panic on it.
 func errNilContext(op string) error { return errors.New(op + ": nil context") }
