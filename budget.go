@@ -1,9 +1,12 @@
 package mq
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -28,7 +31,9 @@ type budgets struct {
 	// idempotency key to the event the stream would drop a repeat of.
 	keyed map[string]keyedEvent
 	// acked holds, per partition, the stream sequences the durable is known to have
-	// acknowledged.
+	// acknowledged: through its ack floor, and above it what this broker saw
+	// acknowledged out of order, kept in the store across restarts because the
+	// server does not tell which events above the floor are acknowledged.
 	acked []seqSet
 	// surelyDropped is how long after an event's store the stream surely still drops
 	// a repeat of its id: the duplicate window less the longest a publish with its
@@ -162,18 +167,20 @@ func (b *budgets) counted(ref eventRef) bool {
 
 // adopt counts a stored event found uncounted, without checking the budget: a
 // backlog rebuilt from disk, or the event a repeated id was dropped in favour of.
-// stored is when the stream stored it.
-func (b *budgets) adopt(ref eventRef, ev heldEvent, stored time.Time) {
+// stored is when the stream stored it. It reports whether it counted the event:
+// not if it is counted already or known to be acknowledged.
+func (b *budgets) adopt(ref eventRef, ev heldEvent, stored time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, dup := b.held[ref]; dup || b.acked[ref.partition].has(ref.seq) {
-		return
+		return false
 	}
 	b.held[ref] = ev
 	b.used[ev.tenant] += ev.size
 	if k, ok := b.keyed[ev.keyedID]; ev.keyedID != "" && (!ok || k.ref.seq < ref.seq) {
 		b.keyed[ev.keyedID] = keyedEvent{ref: ref, stored: stored}
 	}
+	return true
 }
 
 // release records that the durable acknowledged the event at ref and stops counting
@@ -202,6 +209,32 @@ func (b *budgets) ackedThrough(partition int, floor uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.acked[partition].addRange(1, floor)
+}
+
+// ackedRanges records that the durable acknowledged the events of partition in
+// ranges.
+func (b *budgets) ackedRanges(partition int, ranges []seqRange) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range ranges {
+		b.acked[partition].addRange(r.lo, r.hi)
+	}
+}
+
+// ackedAbove records partition's ack floor and returns the acknowledged sequences
+// above it: events acknowledged out of order, which the partition may still store.
+func (b *budgets) ackedAbove(partition int, floor uint64) []seqRange {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	set := &b.acked[partition]
+	set.addRange(1, floor)
+	var above []seqRange
+	for _, r := range set.ranges {
+		if r.hi > floor {
+			above = append(above, seqRange{max(r.lo, floor+1), r.hi})
+		}
+	}
+	return above
 }
 
 // stored applies tenant's budget n as the store holds it at revision rev, unless a
@@ -297,4 +330,55 @@ func (s *seqSet) addRange(lo, hi uint64) {
 		lo, hi = min(lo, s.ranges[j].lo), max(hi, s.ranges[j].hi)
 	}
 	s.ranges = slices.Replace(s.ranges, i, j, seqRange{lo, hi})
+}
+
+// formatSeqRanges writes ranges as the store keeps them: "lo-hi" or "seq", comma
+// separated.
+func formatSeqRanges(ranges []seqRange) string {
+	var b strings.Builder
+	for i, r := range ranges {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(r.lo, 10))
+		if r.hi != r.lo {
+			b.WriteByte('-')
+			b.WriteString(strconv.FormatUint(r.hi, 10))
+		}
+	}
+	return b.String()
+}
+
+// parseSeqRanges reads what formatSeqRanges wrote.
+func parseSeqRanges(s string) ([]seqRange, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []seqRange
+	for part := range strings.SplitSeq(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		r, err := parseSeqRange(lo, hi, isRange)
+		if err != nil {
+			return nil, fmt.Errorf("sequence range %q: %w", part, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func parseSeqRange(lo, hi string, isRange bool) (seqRange, error) {
+	l, err := strconv.ParseUint(lo, 10, 64)
+	if err != nil {
+		return seqRange{}, err
+	}
+	h := l
+	if isRange {
+		if h, err = strconv.ParseUint(hi, 10, 64); err != nil {
+			return seqRange{}, err
+		}
+	}
+	if l == 0 || h < l {
+		return seqRange{}, errors.New("not an ascending range of sequences")
+	}
+	return seqRange{l, h}, nil
 }

@@ -270,6 +270,9 @@ func (e *EmbeddedNATS) watchBudgets(ctx context.Context) error {
 
 // applyStoredBudget enforces one entry of the budget bucket.
 func (e *EmbeddedNATS) applyStoredBudget(entry jetstream.KeyValueEntry) {
+	if strings.HasPrefix(entry.Key(), ackedKeyPrefix) {
+		return
+	}
 	tenant := TenantID(entry.Key())
 	if tenant.Validate() != nil {
 		e.log.Warn("mq: ignoring a malformed stored budget", "key", entry.Key())
@@ -314,8 +317,12 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s/%s: %w", name, e.topo.IngestConsumer, err)
 	}
-	floor := cons.CachedInfo().AckFloor.Stream
+	info := cons.CachedInfo()
+	floor := info.AckFloor.Stream
 	e.budgets.ackedThrough(p, floor)
+	if err := e.loadAcked(ctx, p); err != nil {
+		return err
+	}
 	last := stream.CachedInfo().State.LastSeq
 	if last <= floor {
 		return nil
@@ -335,6 +342,16 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			e.core.deleteConsumer(name, info.Name)
 		}
 	}()
+	// Events above the floor up to the last delivered one that count are the ones
+	// the durable awaits an ack for; more means acks were lost (out of order, then
+	// no clean Close), and those events count until the restart after their ack.
+	delivered, counted := info.Delivered.Stream, 0
+	defer func() {
+		if counted > info.NumAckPending {
+			e.log.Warn("mq: the backlog counts events the ingest durable may have acknowledged out of order before the broker stopped without closing",
+				"stream", name, "counted", counted, "ack_pending", info.NumAckPending)
+		}
+	}()
 	for {
 		batch, err := scan.Fetch(rebuildFetch, jetstream.FetchMaxWait(rebuildWait))
 		if err != nil {
@@ -347,7 +364,9 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			if err != nil {
 				continue
 			}
-			e.holdStored(p, m, meta)
+			if e.holdStored(p, m, meta) && meta.Sequence.Stream <= delivered {
+				counted++
+			}
 			if meta.Sequence.Stream >= last {
 				return nil
 			}
@@ -358,14 +377,68 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 	}
 }
 
-// holdStored counts a stored event (delivered headers-only) against its tenant.
-func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta *jetstream.MsgMetadata) {
+// ackedKey names the entry of the budget bucket that keeps partition p's events
+// acknowledged above its ack floor. A tenant id has no dot, so it never collides
+// with a budget.
+func ackedKey(p int) string { return ackedKeyPrefix + strconv.Itoa(p) }
+
+const ackedKeyPrefix = "acked."
+
+// loadAcked reads back what saveAcked kept for partition p.
+func (e *EmbeddedNATS) loadAcked(ctx context.Context, p int) error {
+	entry, err := e.kv.Get(ctx, ackedKey(p))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("budget bucket %s: %s: %w", e.budgetBucket(), ackedKey(p), err)
+	}
+	ranges, err := parseSeqRanges(string(entry.Value()))
+	if err != nil {
+		// Counting an acknowledged event again is the safe side of a broken entry.
+		e.log.Warn("mq: ignoring a malformed record of acknowledged events", "key", ackedKey(p), "error", err)
+		return nil
+	}
+	e.budgets.ackedRanges(p, ranges)
+	return nil
+}
+
+// saveAcked keeps, per partition, the events this broker saw acknowledged above the
+// durable's ack floor. An event acknowledged out of order stays stored above the
+// floor (measured on nats-server v2.15.2: until the history's source has
+// acknowledged it too, about a second later, and a restart in between keeps it),
+// and the server tells nobody which events above the floor are acknowledged, so
+// without this a restart would count them again and no ack would ever release them.
+// A record left by an earlier run is never wrong, only short: acks are final.
+func (e *EmbeddedNATS) saveAcked() {
+	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+	defer cancel()
+	// The acks reach the server before its floor is read; a floor read too early
+	// only keeps more.
+	_ = e.nc.FlushWithContext(ctx)
+	for p := range e.topo.Partitions {
+		name := e.topo.PartitionStream(p)
+		cons, err := e.js.Consumer(ctx, name, e.topo.IngestConsumer)
+		if err != nil {
+			e.log.Warn("mq: cannot keep the events acknowledged out of order", "stream", name, "error", err)
+			continue
+		}
+		above := e.budgets.ackedAbove(p, cons.CachedInfo().AckFloor.Stream)
+		if _, err := e.kv.Put(ctx, ackedKey(p), []byte(formatSeqRanges(above))); err != nil {
+			e.log.Warn("mq: cannot keep the events acknowledged out of order", "stream", name, "error", err)
+		}
+	}
+}
+
+// holdStored counts a stored event (delivered headers-only) against its tenant
+// unless it is known to be acknowledged, and reports whether it did.
+func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta *jetstream.MsgMetadata) bool {
 	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
 	ev, ok := e.storedEvent(m.Subject(), m.Headers(), dataLen)
 	if !ok {
-		return
+		return false
 	}
-	e.budgets.adopt(eventRef{p, meta.Sequence.Stream}, ev, meta.Timestamp)
+	return e.budgets.adopt(eventRef{p, meta.Sequence.Stream}, ev, meta.Timestamp)
 }
 
 // storedEvent is what a stored event counts, and against which tenant; false for a
@@ -627,6 +700,7 @@ func (e *EmbeddedNATS) Close() error {
 	if !e.core.stopAll() {
 		return nil
 	}
+	e.saveAcked()
 	e.shutdown()
 	return nil
 }
