@@ -122,9 +122,12 @@ func TestEmbeddedNATS_AKeyReusedAfterTheDuplicateWindowIsCheckedAgainstTheBudget
 	b := openMetered(t, dir, short)
 	ctx := testCtx(t)
 	topic := Topic{Tenant: "acme", Table: "t"}
-	data := []byte("the one event")
-	size := oneEventBytes(t, b, topic, data)
-	require.NoError(t, b.SetMaxBytes(ctx, "acme", size), "a budget of exactly one event")
+	data := []byte("one event")
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
+	require.NoError(t, b.Publish(ctx, topic, data))
+	size := b.backlog(t, "acme")
+	require.Positive(t, size)
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 2*size), "room for exactly one more event")
 
 	key := WithIdempotencyKey("order-1")
 	require.NoError(t, b.Publish(ctx, topic, data, key))
@@ -132,17 +135,17 @@ func TestEmbeddedNATS_AKeyReusedAfterTheDuplicateWindowIsCheckedAgainstTheBudget
 	time.Sleep(topo.DuplicateWindow + time.Second)
 	err := b.Publish(ctx, topic, data, key)
 	require.ErrorIs(t, err, ErrQueueFull, "after the window the key stores a second event, past the budget")
-	assert.Equal(t, uint64(2), partitionState(t, b.EmbeddedNATS, "acme").LastSeq, "the partition stored the sizing event and the keyed one, nothing more")
-	assert.Equal(t, size, b.backlog(t, "acme"))
+	assert.Equal(t, uint64(2), partitionState(t, b.EmbeddedNATS, "acme").LastSeq, "the partition stored two events, not three")
+	assert.Equal(t, 2*size, b.backlog(t, "acme"))
 
 	for range 2 {
 		b = restart(t, b, dir, short)
-		assert.Equal(t, size, b.backlog(t, "acme"), "the one event is held after a restart")
+		assert.Equal(t, 2*size, b.backlog(t, "acme"), "both events are held after a restart")
 		require.ErrorIs(t, b.Publish(ctx, topic, []byte("x")), ErrQueueFull)
 	}
-	assert.Equal(t, []string{string(data)}, drain(t, b.EmbeddedNATS, 1))
+	assert.Equal(t, []string{string(data), string(data)}, drain(t, b.EmbeddedNATS, 2))
 	assert.Zero(t, b.backlog(t, "acme"))
-	require.NoError(t, b.Publish(ctx, topic, data, key), "its ack freed the whole budget")
+	require.NoError(t, b.Publish(ctx, topic, data, key), "their acks freed the whole budget")
 }
 
 // TestEmbeddedNATS_OutOfOrderAcksHoldExactlyTheUnackedBytesAcrossRestarts is issue 7
@@ -154,20 +157,21 @@ func TestEmbeddedNATS_OutOfOrderAcksHoldExactlyTheUnackedBytesAcrossRestarts(t *
 	b := openMetered(t, dir, durableRecoveredFirst)
 	ctx := testCtx(t)
 	topic := Topic{Tenant: "acme", Table: "t"}
-	one := oneEventBytes(t, b, topic, []byte("e00"))
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
 	const n = 20
 	for i := range n {
 		require.NoError(t, b.Publish(ctx, topic, fmt.Appendf(nil, "e%02d", i)))
 	}
-	require.Equal(t, n*one, b.backlog(t, "acme"))
+	one := b.backlog(t, "acme") / n // every event has the same size
+	require.Positive(t, one)
 
-	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable, AckWait: time.Second})
+	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
 	require.NoError(t, err)
 	var mu sync.Mutex
 	var held []*Message
 	stop, _, err := c.Consume(func(m *Message) error { mu.Lock(); held = append(held, m); mu.Unlock(); return nil }, 64)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(held) >= n }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(held) == n }, 10*time.Second, 10*time.Millisecond)
 	stop()
 	for i := n - 1; i >= 0; i -= 2 { // every second event, last first
 		require.NoError(t, held[i].DoubleAck(ctx))
@@ -185,10 +189,19 @@ func TestEmbeddedNATS_OutOfOrderAcksHoldExactlyTheUnackedBytesAcrossRestarts(t *
 		assert.Equal(t, want, b.backlog(t, "acme"), "after idle restart %d", i+1)
 	}
 
+	// A short ack wait redelivers the unacked half, delivered before the restarts.
 	c, err = b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable, AckWait: time.Second})
 	require.NoError(t, err)
 	got := map[string]bool{}
-	stop, _, err = c.Consume(func(m *Message) error { mu.Lock(); got[string(m.Data)] = true; mu.Unlock(); return m.DoubleAck(ctx) }, 64)
+	stop, _, err = c.Consume(func(m *Message) error {
+		if err := m.DoubleAck(ctx); err != nil {
+			return err
+		}
+		mu.Lock()
+		got[string(m.Data)] = true
+		mu.Unlock()
+		return nil
+	}, 64)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == n/2 }, 15*time.Second, 10*time.Millisecond,
 		"the unacked half is redelivered")
