@@ -372,7 +372,15 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			}
 		}
 		if got == 0 {
-			return nil
+			// An empty fetch is either the end or a slow server; only the server can
+			// say which, and stopping early would leave events uncounted.
+			info, err := scan.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("stream %s: backlog scan: %w", name, err)
+			}
+			if info.NumPending == 0 {
+				return nil
+			}
 		}
 	}
 }
