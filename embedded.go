@@ -342,9 +342,10 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			e.core.deleteConsumer(name, info.Name)
 		}
 	}()
-	// Events above the floor up to the last delivered one that count are the ones
-	// the durable awaits an ack for; more means acks were lost (out of order, then
-	// no clean Close), and those events count until the restart after their ack.
+	// The events counted above the floor and up to the last one delivered should be
+	// the ones the durable awaits an ack for. More means acks saveAcked never kept
+	// (the broker stopped without Close): those events count until a restart after
+	// the ack floor has passed them.
 	delivered, counted := info.Delivered.Stream, 0
 	defer func() {
 		if counted > info.NumAckPending {
@@ -374,11 +375,11 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 		if got == 0 {
 			// An empty fetch is either the end or a slow server; only the server can
 			// say which, and stopping early would leave events uncounted.
-			info, err := scan.Info(ctx)
+			left, err := scan.Info(ctx)
 			if err != nil {
 				return fmt.Errorf("stream %s: backlog scan: %w", name, err)
 			}
-			if info.NumPending == 0 {
+			if left.NumPending == 0 {
 				return nil
 			}
 		}
