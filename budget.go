@@ -1,29 +1,98 @@
 package mq
 
 import (
+	"errors"
 	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
+	"time"
 )
 
 // budgets enforces per-tenant byte budgets over the shared partitions. A tenant's
-// backlog is the size of its events stored and not yet acknowledged through the ingest
-// durable. Events are held under their message id from before they are sent until they
-// are acknowledged, so an ack that overtakes the publish's answer, or a duplicate
-// publish, never counts twice.
+// backlog is the size of its events stored on a partition and not yet acknowledged
+// through the ingest durable.
+//
+// A stored event is counted under its identity, its partition and stream sequence.
+// A message id is no identity: a partition drops a repeated id only within its
+// duplicate window, and stores it again after. A publish reserves the event's size
+// before it is sent, so no publish overtakes the budget, and hands the reservation
+// to the event once the stream's answer names it; an event the durable already
+// acknowledged by then (the ack overtook the answer) or one already counted is not
+// counted again.
 type budgets struct {
 	mu   sync.Mutex
-	max  map[TenantID]int64
+	max  map[TenantID]budgetLimit
 	used map[TenantID]int64
-	held map[string]heldEvent
+	held map[eventRef]heldEvent
+	// keyed maps the message id of a held event published under a caller's
+	// idempotency key to the event the stream would drop a repeat of.
+	keyed map[string]keyedEvent
+	// acked holds, per partition, the stream sequences the durable is known to have
+	// acknowledged: through its ack floor, and above it what this broker saw
+	// acknowledged out of order, kept in the store across restarts because the
+	// server does not tell which events above the floor are acknowledged.
+	acked []seqSet
+	// surelyDropped is how long after an event's store the stream surely still drops
+	// a repeat of its id: the duplicate window less the longest a publish with its
+	// retries takes to reach the stream.
+	surelyDropped time.Duration
+	// doubted names tenants with a budget write whose answer was lost: it may yet be
+	// stored, so memory cannot tell whether a value is already in force.
+	doubted map[TenantID]bool
+}
+
+// budgetLimit is a tenant's budget and the revision of the store's bucket it was
+// written at. Revisions order every write of the bucket, so memory applies a value
+// only if it is newer than the one in force: the store keeps its last write, and
+// concurrent writers must not leave memory with an older one.
+type budgetLimit struct {
+	n   int64
+	rev uint64
+}
+
+// eventRef is a stored event's identity: its partition and stream sequence.
+type eventRef struct {
+	partition int
+	seq       uint64
 }
 
 type heldEvent struct {
 	tenant TenantID
 	size   int64
+	// keyedID is the message id when a caller's idempotency key made it, else "".
+	keyedID string
 }
 
-func newBudgets() *budgets {
-	return &budgets{max: map[TenantID]int64{}, used: map[TenantID]int64{}, held: map[string]heldEvent{}}
+type keyedEvent struct {
+	ref eventRef
+	// stored is no later than the stream stored the event.
+	stored time.Time
+}
+
+// reservation is what a publish holds against its tenant from before it is sent
+// until the stream has answered. It ends exactly once, by commit or cancel.
+type reservation struct {
+	tenant    TenantID
+	partition int
+	keyedID   string
+	size      int64
+	// charged is what the reservation holds: size, or 0 for a repeat of a held
+	// event that the stream surely drops.
+	charged int64
+	// at is taken before the send, so the event cannot be stored earlier.
+	at    time.Time
+	ended bool
+}
+
+func newBudgets(partitions int, surelyDropped time.Duration) *budgets {
+	return &budgets{
+		max: map[TenantID]budgetLimit{}, used: map[TenantID]int64{}, held: map[eventRef]heldEvent{},
+		keyed: map[string]keyedEvent{}, acked: make([]seqSet, partitions),
+		surelyDropped: surelyDropped, doubted: map[TenantID]bool{},
+	}
 }
 
 // eventSize is what an event counts against its tenant's budget: subject, user
@@ -32,66 +101,194 @@ func eventSize(subject string, h Headers, dataLen int) int64 {
 	return int64(len(subject) + headerSize(h) + dataLen)
 }
 
-// reserve holds size bytes of tenant's budget for the event with message id. It
-// reports false with no error when id is already held (a repeated publish).
-func (b *budgets) reserve(tenant TenantID, id string, size int64) (bool, error) {
+// reserve holds size bytes of tenant's budget for an event about to be sent to
+// partition, with keyedID its message id if a caller's key made it. A repeat of a
+// held keyed event, sent while the stream surely drops it, holds nothing: it cannot
+// be stored, so it succeeds even at a full budget.
+func (b *budgets) reserve(tenant TenantID, partition int, keyedID string, size int64, now time.Time) (*reservation, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, dup := b.held[id]; dup {
-		return false, nil
-	}
 	limit, ok := b.max[tenant]
 	if !ok {
-		return false, fmt.Errorf("%w: tenant %s has no byte budget (SetMaxBytes opens it)", ErrQueueFull, tenant)
+		return nil, fmt.Errorf("%w: tenant %s has no byte budget (SetMaxBytes opens it)", ErrQueueFull, tenant)
 	}
-	if used := b.used[tenant]; used+size > limit {
-		return false, fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
-			ErrQueueFull, tenant, used, size, limit)
+	r := &reservation{tenant: tenant, partition: partition, keyedID: keyedID, size: size, charged: size, at: now}
+	if k, ok := b.keyed[keyedID]; ok && keyedID != "" && now.Before(k.stored.Add(b.surelyDropped)) {
+		r.charged = 0
+		return r, nil
 	}
-	b.holdLocked(id, heldEvent{tenant: tenant, size: size})
-	return true, nil
+	if used := b.used[tenant]; used+size > limit.n {
+		return nil, fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
+			ErrQueueFull, tenant, used, size, limit.n)
+	}
+	b.used[tenant] += size
+	return r, nil
 }
 
-// restore counts a stored event without checking the budget: a backlog rebuilt from
-// disk.
-func (b *budgets) restore(id string, ev heldEvent) {
+// commit hands r to the event the stream stored it as, at seq.
+func (b *budgets) commit(r *reservation, seq uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.holdLocked(id, ev)
-}
-
-func (b *budgets) holdLocked(id string, ev heldEvent) {
-	if _, dup := b.held[id]; dup {
+	if r.ended {
 		return
 	}
-	b.held[id] = ev
-	b.used[ev.tenant] += ev.size
+	r.ended = true
+	ref := eventRef{r.partition, seq}
+	if _, dup := b.held[ref]; dup || b.acked[r.partition].has(seq) {
+		b.used[r.tenant] -= r.charged
+		return
+	}
+	b.used[r.tenant] += r.size - r.charged
+	b.held[ref] = heldEvent{tenant: r.tenant, size: r.size, keyedID: r.keyedID}
+	if r.keyedID != "" {
+		b.keyed[r.keyedID] = keyedEvent{ref: ref, stored: r.at}
+	}
 }
 
-// release stops counting the event with message id; releasing twice is harmless.
-func (b *budgets) release(id string) {
+// cancel gives r back unless it was committed; the publish stored nothing, or
+// nothing known.
+func (b *budgets) cancel(r *reservation) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	ev, ok := b.held[id]
+	if r.ended {
+		return
+	}
+	r.ended = true
+	b.used[r.tenant] -= r.charged
+}
+
+// counted reports whether the event at ref is held or acknowledged.
+func (b *budgets) counted(ref eventRef) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, held := b.held[ref]
+	return held || b.acked[ref.partition].has(ref.seq)
+}
+
+// adopt counts a stored event found uncounted, without checking the budget: a
+// backlog rebuilt from disk, or the event a repeated id was dropped in favour of.
+// stored is when the stream stored it. It reports whether it counted the event:
+// not if it is counted already or known to be acknowledged.
+func (b *budgets) adopt(ref eventRef, ev heldEvent, stored time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, dup := b.held[ref]; dup || b.acked[ref.partition].has(ref.seq) {
+		return false
+	}
+	b.held[ref] = ev
+	b.used[ev.tenant] += ev.size
+	if k, ok := b.keyed[ev.keyedID]; ev.keyedID != "" && (!ok || k.ref.seq < ref.seq) {
+		b.keyed[ev.keyedID] = keyedEvent{ref: ref, stored: stored}
+	}
+	return true
+}
+
+// release records that the durable acknowledged the event at ref and stops counting
+// it; releasing twice is harmless.
+func (b *budgets) release(ref eventRef) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ref.partition < 0 || ref.partition >= len(b.acked) {
+		return
+	}
+	b.acked[ref.partition].add(ref.seq)
+	ev, ok := b.held[ref]
 	if !ok {
 		return
 	}
-	delete(b.held, id)
+	delete(b.held, ref)
 	b.used[ev.tenant] -= ev.size
+	if k, ok := b.keyed[ev.keyedID]; ok && k.ref == ref {
+		delete(b.keyed, ev.keyedID)
+	}
 }
 
-func (b *budgets) set(tenant TenantID, n int64) {
+// ackedThrough records that the durable acknowledged every event of partition up to
+// and including floor (its ack floor).
+func (b *budgets) ackedThrough(partition int, floor uint64) {
 	b.mu.Lock()
-	b.max[tenant] = n
+	defer b.mu.Unlock()
+	b.acked[partition].addRange(1, floor)
+}
+
+// ackedRanges records that the durable acknowledged the events of partition in
+// ranges.
+func (b *budgets) ackedRanges(partition int, ranges []seqRange) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range ranges {
+		b.acked[partition].addRange(r.lo, r.hi)
+	}
+}
+
+// ackedAbove records partition's ack floor and returns the acknowledged sequences
+// above it: events acknowledged out of order, which the partition may still store.
+func (b *budgets) ackedAbove(partition int, floor uint64) []seqRange {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	set := &b.acked[partition]
+	set.addRange(1, floor)
+	var above []seqRange
+	for _, r := range set.ranges {
+		if r.hi > floor {
+			above = append(above, seqRange{max(r.lo, floor+1), r.hi})
+		}
+	}
+	return above
+}
+
+// stored applies tenant's budget n as the store holds it at revision rev, unless a
+// later revision is already in force.
+func (b *budgets) stored(tenant TenantID, n int64, rev uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cur, ok := b.max[tenant]; ok && cur.rev >= rev {
+		return
+	}
+	b.max[tenant] = budgetLimit{n: n, rev: rev}
+}
+
+// removed drops tenant's budget, deleted from the store at revision rev, unless a
+// later revision is already in force.
+func (b *budgets) removed(tenant TenantID, rev uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if cur, ok := b.max[tenant]; ok && cur.rev >= rev {
+		return
+	}
+	delete(b.max, tenant)
+}
+
+// wrote applies a budget write the store confirmed at revision rev.
+func (b *budgets) wrote(tenant TenantID, n int64, rev uint64) {
+	b.stored(tenant, n, rev)
+	b.mu.Lock()
+	delete(b.doubted, tenant)
 	b.mu.Unlock()
+}
+
+// doubt records a write of tenant's budget whose outcome is unknown.
+func (b *budgets) doubt(tenant TenantID) {
+	b.mu.Lock()
+	b.doubted[tenant] = true
+	b.mu.Unlock()
+}
+
+// inForce reports whether n is tenant's budget with no write of it in doubt, so
+// writing n again would change nothing.
+func (b *budgets) inForce(tenant TenantID, n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur, ok := b.max[tenant]
+	return ok && cur.n == n && !b.doubted[tenant]
 }
 
 // limit returns tenant's budget and whether it has one.
 func (b *budgets) limit(tenant TenantID) (int64, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n, ok := b.max[tenant]
-	return n, ok
+	cur, ok := b.max[tenant]
+	return cur.n, ok
 }
 
 // snapshot returns every budgeted tenant's budget and backlog.
@@ -100,9 +297,88 @@ func (b *budgets) snapshot() (limits, used map[TenantID]int64) {
 	defer b.mu.Unlock()
 	limits = make(map[TenantID]int64, len(b.max))
 	used = make(map[TenantID]int64, len(b.max))
-	for t, n := range b.max {
-		limits[t] = n
+	for t, lim := range b.max {
+		limits[t] = lim.n
 		used[t] = b.used[t]
 	}
 	return limits, used
+}
+
+// seqSet is a set of stream sequences kept as sorted, disjoint, non-adjacent
+// ranges: acknowledgements come mostly in order, so it stays a few ranges long.
+type seqSet struct{ ranges []seqRange }
+
+// seqRange is the sequences lo through hi, both included.
+type seqRange struct{ lo, hi uint64 }
+
+func (s *seqSet) has(seq uint64) bool {
+	i := sort.Search(len(s.ranges), func(i int) bool { return s.ranges[i].hi >= seq })
+	return i < len(s.ranges) && s.ranges[i].lo <= seq
+}
+
+func (s *seqSet) add(seq uint64) { s.addRange(seq, seq) }
+
+// addRange adds lo through hi, merging every range it overlaps or touches.
+func (s *seqSet) addRange(lo, hi uint64) {
+	if lo > hi || lo == 0 {
+		return
+	}
+	// The first range that ends at or after lo-1 is the first one lo can touch.
+	i := sort.Search(len(s.ranges), func(i int) bool { return s.ranges[i].hi+1 >= lo })
+	j := i
+	for ; j < len(s.ranges) && s.ranges[j].lo <= hi+1; j++ {
+		lo, hi = min(lo, s.ranges[j].lo), max(hi, s.ranges[j].hi)
+	}
+	s.ranges = slices.Replace(s.ranges, i, j, seqRange{lo, hi})
+}
+
+// formatSeqRanges writes ranges as the store keeps them: "lo-hi" or "seq", comma
+// separated.
+func formatSeqRanges(ranges []seqRange) string {
+	var b strings.Builder
+	for i, r := range ranges {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(r.lo, 10))
+		if r.hi != r.lo {
+			b.WriteByte('-')
+			b.WriteString(strconv.FormatUint(r.hi, 10))
+		}
+	}
+	return b.String()
+}
+
+// parseSeqRanges reads what formatSeqRanges wrote.
+func parseSeqRanges(s string) ([]seqRange, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []seqRange
+	for part := range strings.SplitSeq(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		r, err := parseSeqRange(lo, hi, isRange)
+		if err != nil {
+			return nil, fmt.Errorf("sequence range %q: %w", part, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func parseSeqRange(lo, hi string, isRange bool) (seqRange, error) {
+	l, err := strconv.ParseUint(lo, 10, 64)
+	if err != nil {
+		return seqRange{}, err
+	}
+	h := l
+	if isRange {
+		if h, err = strconv.ParseUint(hi, 10, 64); err != nil {
+			return seqRange{}, err
+		}
+	}
+	if l == 0 || h < l {
+		return seqRange{}, errors.New("not an ascending range of sequences")
+	}
+	return seqRange{l, h}, nil
 }

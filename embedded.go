@@ -52,18 +52,25 @@ type EmbeddedOptions struct {
 // NATSTopology itself and enforces per-tenant byte budgets, because it sees every
 // publish: a tenant never given a budget is refused with ErrQueueFull.
 type EmbeddedNATS struct {
-	core      *natsCore
-	topo      NATSTopology
-	subs      subjects
-	js        jetstream.JetStream
-	nc        *nats.Conn
-	srv       *server.Server
-	log       *slog.Logger
-	budgets   *budgets
-	kv        jetstream.KeyValue
-	metrics   metric.Registration
-	tempDir   string
-	listening bool
+	core    *natsCore
+	topo    NATSTopology
+	subs    subjects
+	js      jetstream.JetStream
+	nc      *nats.Conn
+	srv     *server.Server
+	log     *slog.Logger
+	budgets *budgets
+	// partitionOf maps a partition's stream name to its index.
+	partitionOf map[string]int
+	kv          jetstream.KeyValue
+	// budgetWatch follows the budget bucket; budgetWatchEnd cancels its context and
+	// budgetWatchDone closes when its goroutine has ended.
+	budgetWatch     jetstream.KeyWatcher
+	budgetWatchEnd  context.CancelFunc
+	budgetWatchDone chan struct{}
+	metrics         metric.Registration
+	tempDir         string
+	listening       bool
 }
 
 var _ Broker = (*EmbeddedNATS)(nil)
@@ -95,7 +102,14 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	log := cmp.Or(opts.Logger, slog.Default())
-	e := &EmbeddedNATS{topo: topo, subs: topo.subjects(), log: log, budgets: newBudgets()}
+	e := &EmbeddedNATS{
+		topo: topo, subs: topo.subjects(), log: log,
+		budgets:     newBudgets(topo.Partitions, topo.DuplicateWindow-topo.minDuplicateWindow()),
+		partitionOf: make(map[string]int, topo.Partitions),
+	}
+	for p := range topo.Partitions {
+		e.partitionOf[topo.PartitionStream(p)] = p
+	}
 	dir := opts.StoreDir
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "mq-embedded-")
@@ -206,7 +220,7 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
 	}
 	e.kv = kv
-	if err := e.loadBudgets(ctx); err != nil {
+	if err := e.watchBudgets(ctx); err != nil {
 		return err
 	}
 	for p := range e.topo.Partitions {
@@ -239,28 +253,82 @@ func (e *EmbeddedNATS) migrateIngestConsumer(ctx context.Context, stream string)
 
 func (e *EmbeddedNATS) budgetBucket() string { return strings.ToUpper(e.topo.Prefix) + "_BUDGETS" }
 
-func (e *EmbeddedNATS) loadBudgets(ctx context.Context) error {
-	keys, err := e.kv.ListKeys(ctx)
-	if err != nil {
-		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
+// watchBudgets enforces the budgets the store holds and keeps following the bucket
+// until the broker shuts down: a write whose answer was lost (SetMaxBytes returned an
+// error) is enforced once it turns out stored, so memory never keeps a budget the
+// store does not. It returns once every stored budget is enforced.
+func (e *EmbeddedNATS) watchBudgets(ctx context.Context) error {
+	// The watch's ordered consumer re-creates itself with the context it started with,
+	// so that context lives until shutdown; only its start is bounded by the boot's.
+	wctx, cancel := context.WithCancel(context.Background())
+	unbound := context.AfterFunc(ctx, cancel)
+	w, err := e.kv.WatchAll(wctx)
+	if !unbound() || err != nil {
+		cancel()
+		return fmt.Errorf("budget bucket %s: watch: %w", e.budgetBucket(), cmp.Or(err, ctx.Err()))
 	}
-	for key := range keys.Keys() {
-		entry, err := e.kv.Get(ctx, key)
-		if err != nil {
-			return fmt.Errorf("budget of tenant %s: %w", key, err)
+	e.budgetWatch = w
+	e.budgetWatchEnd = cancel
+	done := make(chan struct{})
+	e.budgetWatchDone = done
+	loaded := make(chan struct{})
+	go func() {
+		defer close(done)
+		for entry := range w.Updates() {
+			if entry == nil {
+				close(loaded)
+				continue
+			}
+			e.applyStoredBudget(entry)
 		}
-		n, err := strconv.ParseInt(string(entry.Value()), 10, 64)
-		if err != nil || TenantID(key).Validate() != nil {
-			e.log.Warn("mq: ignoring a malformed stored budget", "key", key)
-			continue
-		}
-		e.budgets.set(TenantID(key), n)
+	}()
+	select {
+	case <-loaded:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("budget bucket %s: loading the budgets: %w", e.budgetBucket(), ctx.Err())
 	}
-	return nil
 }
 
-// rebuildBacklog counts partition p's events above the durable's ack floor against
-// their tenants, reading headers only.
+// applyStoredBudget enforces one entry of the budget bucket.
+func (e *EmbeddedNATS) applyStoredBudget(entry jetstream.KeyValueEntry) {
+	if strings.HasPrefix(entry.Key(), ackedKeyPrefix) {
+		return
+	}
+	tenant := TenantID(entry.Key())
+	if tenant.Validate() != nil {
+		e.log.Warn("mq: ignoring a malformed stored budget", "key", entry.Key())
+		return
+	}
+	if entry.Operation() != jetstream.KeyValuePut {
+		e.budgets.removed(tenant, entry.Revision())
+		return
+	}
+	n, err := strconv.ParseInt(string(entry.Value()), 10, 64)
+	if err != nil || n < 0 {
+		e.log.Warn("mq: ignoring a malformed stored budget", "key", entry.Key())
+		return
+	}
+	e.budgets.stored(tenant, n, entry.Revision())
+}
+
+// stopBudgetWatch ends the watch of the budget bucket and waits, bounded, for its
+// goroutine.
+func (e *EmbeddedNATS) stopBudgetWatch() {
+	if e.budgetWatch == nil {
+		return
+	}
+	_ = e.budgetWatch.Stop()
+	e.budgetWatchEnd()
+	select {
+	case <-e.budgetWatchDone:
+	case <-time.After(closeFlushTimeout):
+		e.log.Warn("mq: the budget watch did not end", "bucket", e.budgetBucket())
+	}
+}
+
+// rebuildBacklog counts partition p's stored events that the durable has not
+// acknowledged against their tenants, reading headers only.
 func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 	name := e.topo.PartitionStream(p)
 	stream, err := e.js.Stream(ctx, name)
@@ -271,7 +339,12 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s/%s: %w", name, e.topo.IngestConsumer, err)
 	}
-	floor := cons.CachedInfo().AckFloor.Stream
+	info := cons.CachedInfo()
+	floor := info.AckFloor.Stream
+	e.budgets.ackedThrough(p, floor)
+	if err := e.loadAcked(ctx, p); err != nil {
+		return err
+	}
 	last := stream.CachedInfo().State.LastSeq
 	if last <= floor {
 		return nil
@@ -291,6 +364,17 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			e.core.deleteConsumer(name, info.Name)
 		}
 	}()
+	// The events counted above the floor and up to the last one delivered should be
+	// the ones the durable awaits an ack for. More means acks saveAcked never kept
+	// (the broker stopped without Close): those events count until a restart after
+	// the ack floor has passed them.
+	delivered, counted := info.Delivered.Stream, 0
+	defer func() {
+		if counted > info.NumAckPending {
+			e.log.Warn("mq: the backlog counts events the ingest durable may have acknowledged out of order before the broker stopped without closing",
+				"stream", name, "counted", counted, "ack_pending", info.NumAckPending)
+		}
+	}()
 	for {
 		batch, err := scan.Fetch(rebuildFetch, jetstream.FetchMaxWait(rebuildWait))
 		if err != nil {
@@ -303,33 +387,107 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			if err != nil {
 				continue
 			}
-			e.holdStored(m)
+			if e.holdStored(p, m, meta) && meta.Sequence.Stream <= delivered {
+				counted++
+			}
 			if meta.Sequence.Stream >= last {
 				return nil
 			}
 		}
 		if got == 0 {
-			return nil
+			// An empty fetch is either the end or a slow server; only the server can
+			// say which, and stopping early would leave events uncounted.
+			left, err := scan.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("stream %s: backlog scan: %w", name, err)
+			}
+			if left.NumPending == 0 {
+				return nil
+			}
 		}
 	}
 }
 
-// holdStored counts a stored event (delivered headers-only) against its tenant.
-func (e *EmbeddedNATS) holdStored(m jetstream.Msg) {
-	key, ok := e.subs.key(m.Subject())
+// ackedKey names the entry of the budget bucket that keeps partition p's events
+// acknowledged above its ack floor. A tenant id has no dot, so it never collides
+// with a budget.
+func ackedKey(p int) string { return ackedKeyPrefix + strconv.Itoa(p) }
+
+const ackedKeyPrefix = "acked."
+
+// loadAcked reads back what saveAcked kept for partition p.
+func (e *EmbeddedNATS) loadAcked(ctx context.Context, p int) error {
+	entry, err := e.kv.Get(ctx, ackedKey(p))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("budget bucket %s: %s: %w", e.budgetBucket(), ackedKey(p), err)
+	}
+	ranges, err := parseSeqRanges(string(entry.Value()))
+	if err != nil {
+		// Counting an acknowledged event again is the safe side of a broken entry.
+		e.log.Warn("mq: ignoring a malformed record of acknowledged events", "key", ackedKey(p), "error", err)
+		return nil
+	}
+	e.budgets.ackedRanges(p, ranges)
+	return nil
+}
+
+// saveAcked keeps, per partition, the events this broker saw acknowledged above the
+// durable's ack floor. An event acknowledged out of order stays stored above the
+// floor (measured on nats-server v2.15.2: until the history's source has
+// acknowledged it too, about a second later, and a restart in between keeps it),
+// and the server tells nobody which events above the floor are acknowledged, so
+// without this a restart would count them again and no ack would ever release them.
+// A record left by an earlier run is never wrong, only short: acks are final.
+func (e *EmbeddedNATS) saveAcked() {
+	ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+	defer cancel()
+	// The acks reach the server before its floor is read; a floor read too early
+	// only keeps more.
+	_ = e.nc.FlushWithContext(ctx)
+	for p := range e.topo.Partitions {
+		name := e.topo.PartitionStream(p)
+		cons, err := e.js.Consumer(ctx, name, e.topo.IngestConsumer)
+		if err != nil {
+			e.log.Warn("mq: cannot keep the events acknowledged out of order", "stream", name, "error", err)
+			continue
+		}
+		above := e.budgets.ackedAbove(p, cons.CachedInfo().AckFloor.Stream)
+		if _, err := e.kv.Put(ctx, ackedKey(p), []byte(formatSeqRanges(above))); err != nil {
+			e.log.Warn("mq: cannot keep the events acknowledged out of order", "stream", name, "error", err)
+		}
+	}
+}
+
+// holdStored counts a stored event (delivered headers-only) against its tenant
+// unless it is known to be acknowledged, and reports whether it did.
+func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta *jetstream.MsgMetadata) bool {
+	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
+	ev, ok := e.storedEvent(m.Subject(), m.Headers(), dataLen)
 	if !ok {
-		return
+		return false
+	}
+	return e.budgets.adopt(eventRef{p, meta.Sequence.Stream}, ev, meta.Timestamp)
+}
+
+// storedEvent is what a stored event counts, and against which tenant; false for a
+// subject this package could not have written.
+func (e *EmbeddedNATS) storedEvent(subject string, h nats.Header, dataLen int) (heldEvent, bool) {
+	key, ok := e.subs.key(subject)
+	if !ok {
+		return heldEvent{}, false
 	}
 	t, err := ParseTopicKey(key)
 	if err != nil {
-		return
+		return heldEvent{}, false
 	}
-	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
-	id := m.Headers().Get(HeaderIdempotencyKey)
-	if id == "" {
-		return
+	ev := heldEvent{tenant: t.Tenant, size: eventSize(subject, userHeaders(h), dataLen)}
+	if id := h.Get(HeaderIdempotencyKey); callerKeyed(id) {
+		ev.keyedID = id
 	}
-	e.budgets.restore(id, heldEvent{tenant: t.Tenant, size: eventSize(m.Subject(), userHeaders(m.Headers()), dataLen)})
+	return ev, true
 }
 
 // awaitSources waits, bounded, until the history has attached every partition: an
@@ -365,7 +523,13 @@ func (e *EmbeddedNATS) sourcesAttached(ctx context.Context) (bool, error) {
 
 // settler releases the event's budget once the worker acknowledged it.
 func (e *EmbeddedNATS) settler(m jetstream.Msg) Settler {
-	return budgetSettler{Msg: m, release: func() { e.budgets.release(m.Headers().Get(HeaderIdempotencyKey)) }}
+	ref := eventRef{partition: -1}
+	if meta, err := m.Metadata(); err == nil {
+		if p, ok := e.partitionOf[meta.Stream]; ok {
+			ref = eventRef{p, meta.Sequence.Stream}
+		}
+	}
+	return budgetSettler{Msg: m, release: func() { e.budgets.release(ref) }}
 }
 
 type budgetSettler struct {
@@ -398,25 +562,65 @@ func (e *EmbeddedNATS) ClientURL() string {
 	return e.srv.ClientURL()
 }
 
-// Publish stores data on the tenant's partition once it fits the tenant's budget.
+// Publish stores data on the tenant's partition once it fits the tenant's budget. The
+// bytes it reserves are given back on every way out that stored nothing, a panic
+// included.
 func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error {
 	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
 	if err != nil {
 		return err
 	}
-	id := ev.header.Get(HeaderIdempotencyKey)
-	fresh, err := e.budgets.reserve(topic.Tenant, id, eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(data)))
+	p := e.partitionOf[ev.stream]
+	keyedID := ""
+	if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
+		keyedID = id
+	}
+	size := eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(data))
+	r, err := e.budgets.reserve(topic.Tenant, p, keyedID, size, time.Now())
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", ev.subject, err)
 	}
-	ack, retried, err := e.core.send(ctx, ev)
-	// A Duplicate after a retry is this publish's own event, stored by an attempt
-	// whose answer was lost: keep counting it. An error leaves the outcome unknown;
-	// counting stops, and a reopen counts what was stored.
-	if fresh && (err != nil || (ack.Duplicate && !retried)) {
-		e.budgets.release(id)
+	defer e.budgets.cancel(r)
+	// An error leaves the outcome unknown: counting stops, and a reopen counts what
+	// was stored.
+	ack, _, err := e.core.send(ctx, ev)
+	if err != nil {
+		return err
 	}
-	return err
+	if !ack.Duplicate {
+		e.budgets.commit(r, ack.Sequence)
+		return nil
+	}
+	e.adoptUncounted(ctx, eventRef{p, ack.Sequence})
+	return nil
+}
+
+// adoptUncounted counts the event a repeated message id was dropped in favour of,
+// if nothing counts it yet: an earlier attempt of the same publish stored it and
+// its answer was lost, or the publish that stored it ended without an answer. The
+// stored event is read back, because a repeat may carry other data than the event
+// the stream kept.
+func (e *EmbeddedNATS) adoptUncounted(ctx context.Context, ref eventRef) {
+	if e.budgets.counted(ref) {
+		return
+	}
+	name := e.topo.PartitionStream(ref.partition)
+	stream, err := e.js.Stream(ctx, name)
+	if err != nil {
+		e.log.Warn("mq: cannot read back a repeated event to count it", "stream", name, "seq", ref.seq, "error", err)
+		return
+	}
+	m, err := stream.GetMsg(ctx, ref.seq)
+	if err != nil {
+		// Gone means acknowledged everywhere: nothing to count.
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			e.log.Warn("mq: cannot read back a repeated event to count it", "stream", name, "seq", ref.seq, "error", err)
+		}
+		return
+	}
+	if ev, ok := e.storedEvent(m.Subject, m.Header, len(m.Data)); ok {
+		e.budgets.adopt(ref, ev, m.Time)
+	}
 }
 
 // Subscribe runs the hub: an ordered consumer on the history from now on.
@@ -470,10 +674,14 @@ func (e *EmbeddedNATS) ReplaySince(ctx context.Context, topic Topic, since time.
 	return e.core.replay(ctx, topic, since, send)
 }
 
-// SetMaxBytes records tenant's budget in the store and enforces it from now on.
+// SetMaxBytes records tenant's budget in the store and enforces it from now on. Of
+// concurrent calls for one tenant, the one the store keeps last is the one enforced.
 func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error {
 	if err := e.core.checkOpen(); err != nil {
 		return err
+	}
+	if ctx == nil {
+		return errNilContext("set max bytes")
 	}
 	if err := tenant.Validate(); err != nil {
 		return fmt.Errorf("set max bytes: %w", err)
@@ -481,13 +689,17 @@ func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxByte
 	if maxBytes < 0 {
 		return fmt.Errorf("set max bytes: tenant %s: negative budget %d", tenant, maxBytes)
 	}
-	if n, ok := e.budgets.limit(tenant); ok && n == maxBytes {
+	if e.budgets.inForce(tenant, maxBytes) {
 		return nil
 	}
-	if _, err := e.kv.Put(ctx, string(tenant), []byte(strconv.FormatInt(maxBytes, 10))); err != nil {
+	rev, err := e.kv.Put(ctx, string(tenant), []byte(strconv.FormatInt(maxBytes, 10)))
+	if err != nil {
+		// The write may be stored all the same: the watch enforces it then, and
+		// until the outcome is known the next call writes rather than trust memory.
+		e.budgets.doubt(tenant)
 		return e.core.mapRequestError("set max bytes: tenant "+string(tenant), err)
 	}
-	e.budgets.set(tenant, maxBytes)
+	e.budgets.wrote(tenant, maxBytes, rev)
 	return nil
 }
 
@@ -519,6 +731,7 @@ func (e *EmbeddedNATS) Close() error {
 	if !e.core.stopAll() {
 		return nil
 	}
+	e.saveAcked()
 	e.shutdown()
 	return nil
 }
@@ -527,6 +740,7 @@ func (e *EmbeddedNATS) shutdown() {
 	if e.metrics != nil {
 		_ = e.metrics.Unregister()
 	}
+	e.stopBudgetWatch()
 	if e.nc != nil {
 		_ = e.nc.FlushTimeout(closeFlushTimeout)
 		e.nc.Close()

@@ -210,6 +210,9 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	if err := c.checkOpen(); err != nil {
 		return outgoing{}, err
 	}
+	if ctx == nil {
+		return outgoing{}, errNilContext("publish")
+	}
 	subject, p, err := c.subs.ingestTopic(topic)
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
@@ -220,6 +223,15 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	}
 	return ev, nil
 }
+
+// callerKeyed reports whether message id id was made from a caller's idempotency key
+// by ingestEvent: those are scoped to the tenant as "<tenant>.<key>", and a tenant has
+// no dot, while a generated id (a nuid) never has one.
+func callerKeyed(id string) bool { return strings.Contains(id, ".") }
+
+// errNilContext refuses a nil context before anything is sent or reserved: every
+// request would panic on it.
+func errNilContext(op string) error { return errors.New(op + ": nil context") }
 
 func cloneHeaders(h Headers) Headers {
 	out := make(Headers, len(h))
