@@ -79,14 +79,6 @@ func restart(t *testing.T, b meteredBroker, dir string, mutate ...func(*Embedded
 	return openMetered(t, dir, mutate...)
 }
 
-// durableRecoveredFirst names the ingest durable so that nats-server v2.15.2 recovers
-// it before the history's source consumer (JS_SRC_*): with the default name it
-// recovers after it, and a restart drops the partition's unacknowledged events (SPEC
-// section 4 hazard (d), fixed on another branch by renaming the default). Tests that
-// need unacknowledged events to survive a restart use it; it changes nothing about
-// budgets.
-func durableRecoveredFirst(o *EmbeddedOptions) { o.Topology.IngestConsumer = "B-ingest" }
-
 // partitionState is the state of tenant's partition.
 func partitionState(t *testing.T, e *EmbeddedNATS, tenant TenantID) jetstream.StreamState {
 	t.Helper()
@@ -117,7 +109,7 @@ func TestEmbeddedNATS_AKeyReusedAfterTheDuplicateWindowIsCheckedAgainstTheBudget
 	// first half reaches the stream within it, whatever its retries.
 	topo := NATSTopology{PublishTimeout: 200 * time.Millisecond}
 	topo.DuplicateWindow = 2 * topo.minDuplicateWindow()
-	short := func(o *EmbeddedOptions) { o.Topology = topo; durableRecoveredFirst(o) }
+	short := func(o *EmbeddedOptions) { o.Topology = topo }
 	dir := filepath.Join(t.TempDir(), "store")
 	b := openMetered(t, dir, short)
 	ctx := testCtx(t)
@@ -154,7 +146,7 @@ func TestEmbeddedNATS_AKeyReusedAfterTheDuplicateWindowIsCheckedAgainstTheBudget
 // too, about a second later), yet they must not count again after a restart.
 func TestEmbeddedNATS_OutOfOrderAcksHoldExactlyTheUnackedBytesAcrossRestarts(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "store")
-	b := openMetered(t, dir, durableRecoveredFirst)
+	b := openMetered(t, dir)
 	ctx := testCtx(t)
 	topic := Topic{Tenant: "acme", Table: "t"}
 	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
@@ -182,10 +174,10 @@ func TestEmbeddedNATS_OutOfOrderAcksHoldExactlyTheUnackedBytesAcrossRestarts(t *
 	// The first restart follows the acks at once, before the history's source has
 	// acknowledged them: that is when the acked events are still stored.
 	require.NoError(t, b.Close())
-	b = openMetered(t, dir, durableRecoveredFirst)
+	b = openMetered(t, dir)
 	assert.Equal(t, want, b.backlog(t, "acme"), "after a prompt restart")
 	for i := range 2 {
-		b = restart(t, b, dir, durableRecoveredFirst)
+		b = restart(t, b, dir)
 		assert.Equal(t, want, b.backlog(t, "acme"), "after idle restart %d", i+1)
 	}
 
@@ -208,7 +200,7 @@ func TestEmbeddedNATS_OutOfOrderAcksHoldExactlyTheUnackedBytesAcrossRestarts(t *
 	stop()
 	assert.Zero(t, b.backlog(t, "acme"), "everything is acknowledged")
 	for i := range 2 {
-		b = restart(t, b, dir, durableRecoveredFirst)
+		b = restart(t, b, dir)
 		assert.Zero(t, b.backlog(t, "acme"), "nothing is held after restart %d", i+1)
 	}
 	require.NoError(t, b.SetMaxBytes(ctx, "acme", one))
