@@ -484,9 +484,10 @@ func TestEmbeddedNATS_ADurableDeletedWhileNoPullWasOutstandingEndsDelivery(t *te
 // needs the history's source to have acknowledged what it copied.
 func waitHistoryCopied(t *testing.T, js jetstream.JetStream, history string, n uint64) {
 	t.Helper()
-	ctx := testCtx(t)
 	var info *jetstream.StreamInfo
 	ok := assert.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
 		s, err := js.Stream(ctx, history)
 		if err == nil {
 			info = s.CachedInfo()

@@ -43,7 +43,7 @@ func upstreamRecovery(t *testing.T, durable string, n int) (kept uint64) {
 		JetStream: true, StoreDir: filepath.Join(t.TempDir(), "js"),
 		NoSigs: true, NoLog: true,
 	}
-	srv := startUpstream(t, opts)
+	srv := runServer(t, opts.Clone())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	nc, js := connectUpstream(t, srv)
@@ -81,20 +81,9 @@ func upstreamRecovery(t *testing.T, durable string, n int) (kept uint64) {
 	srv.Shutdown()
 	srv.WaitForShutdown()
 
-	srv = startUpstream(t, opts)
+	srv = runServer(t, opts.Clone())
 	_, js = connectUpstream(t, srv)
 	return mustStream(t, js, "P").CachedInfo().State.Msgs
-}
-
-func startUpstream(t *testing.T, opts *server.Options) *server.Server {
-	t.Helper()
-	o := *opts
-	srv, err := server.NewServer(&o)
-	require.NoError(t, err)
-	srv.Start()
-	require.True(t, srv.ReadyForConnections(10*time.Second), "nats server not ready")
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
 }
 
 func connectUpstream(t *testing.T, srv *server.Server) (*nats.Conn, jetstream.JetStream) {
