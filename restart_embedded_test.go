@@ -75,6 +75,7 @@ func (l restartLoad) run(ctx context.Context, t testing.TB, e *EmbeddedNATS) {
 	var mu sync.Mutex
 	seen := map[string]bool{}
 	all := make(chan struct{})
+	closeAll := sync.OnceFunc(func() { close(all) }) // two partitions' handlers can both see the last one
 	c, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable, AckWait: restartAckWait})
 	if err != nil {
 		t.Fatalf("create consumer: %v", err)
@@ -107,10 +108,10 @@ func (l restartLoad) run(ctx context.Context, t testing.TB, e *EmbeddedNATS) {
 		}
 		settle()
 		mu.Lock()
+		defer mu.Unlock()
 		if ours && first && countOurs(seen, index) == len(ids) {
-			close(all)
+			closeAll()
 		}
-		mu.Unlock()
 		return nil
 	}, 0)
 	if err != nil {
