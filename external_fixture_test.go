@@ -25,7 +25,7 @@ type externalFixture struct {
 func newExternalFixture(t *testing.T) *externalFixture {
 	t.Helper()
 	f := newValuesFixture(t)
-	return &externalFixture{natsFixture: f, shape: f.applyShipped(t)}
+	return &externalFixture{natsFixture: f, shape: f.applyShipped(t, 1)}
 }
 
 // config is a broker configuration connecting as the restricted application user.
@@ -35,7 +35,7 @@ func (f *externalFixture) config(t *testing.T) NATSConfig {
 	require.NoError(t, os.WriteFile(pw, []byte(password(appUser)+"\n"), 0o600))
 	return NATSConfig{
 		NATSTopology: NATSTopology{Partitions: shippedTopology.Partitions},
-		URLs:         []string{f.srv.ClientURL()},
+		URLs:         f.clientURLs(),
 		User:         appUser,
 		PasswordFile: pw,
 		TopologyWait: 10 * time.Second,

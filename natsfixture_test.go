@@ -13,13 +13,23 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// natsFixture is an in-process nats-server with file storage in a temp dir, and an
-// operator's JetStream handle with full access, standing in for the NACK controller.
+// natsFixture is an in-process nats-server with file storage in a temp dir, or a
+// cluster of them (see newClusterFixture), and an operator's JetStream handle with
+// full access, standing in for the NACK controller.
 type natsFixture struct {
-	srv   *server.Server
-	opts  *server.Options
+	srv   *server.Server  // the single server; nil for a cluster
+	opts  *server.Options // the single server's
+	urls  []string        // a cluster's client URLs, every node's; nil for a single server
 	nc    *nats.Conn
 	admin jetstream.JetStream
+}
+
+// clientURLs are what clients dial: the single server's URL, or every node's.
+func (f *natsFixture) clientURLs() []string {
+	if f.urls != nil {
+		return f.urls
+	}
+	return []string{f.srv.ClientURL()}
 }
 
 func newNATSFixture(t *testing.T) *natsFixture {
@@ -103,11 +113,20 @@ func (s *shape) drop(name string) {
 	delete(s.consumers, name)
 }
 
+// atReplicas sets every stream's replicas, as the operator's manifests do. The shape's
+// topology keeps its own (what the broker expects), so a difference stays a finding.
+func (s *shape) atReplicas(n int) {
+	for i := range s.streams {
+		s.streams[i].Replicas = n
+	}
+}
+
 // apply creates the shape on the fixture's server and waits until the history has
 // attached every source it can.
 func (f *natsFixture) apply(t *testing.T, s *shape) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	// Generous: a replicated stream is created through the cluster's meta leader.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	for _, cfg := range s.streams {
 		_, err := f.admin.CreateStream(ctx, cfg)
@@ -143,5 +162,5 @@ func (f *natsFixture) awaitSources(t *testing.T, history string) {
 			}
 		}
 		return attached >= existing
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 }

@@ -97,8 +97,17 @@ func parseSize(t *testing.T, s string) int64 {
 // streams that would not fit the volume fail here too. admin is the operator user.
 func newValuesFixture(t *testing.T) *natsFixture {
 	t.Helper()
+	opts := valuesOptions(t, t.TempDir())
+	f := &natsFixture{opts: opts, srv: runServer(t, opts)}
+	f.connectOperator(t)
+	return f
+}
+
+// valuesOptions are one server's options from the shipped values, with its config
+// file and store in dir, listening on a random loopback port.
+func valuesOptions(t *testing.T, dir string) *server.Options {
+	t.Helper()
 	v := loadValues(t)
-	dir := t.TempDir()
 	var conf bytes.Buffer
 	enc := json.NewEncoder(&conf)
 	enc.SetEscapeHTML(false) // NATS config does not read \u003e as '>'
@@ -110,11 +119,16 @@ func newValuesFixture(t *testing.T) *natsFixture {
 	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
 	opts.JetStream, opts.StoreDir = true, filepath.Join(dir, "js")
 	opts.JetStreamMaxStore = parseSize(t, v.Config.JetStream.FileStore.PVC.Size)
-	f := &natsFixture{opts: opts, srv: runServer(t, opts)}
+	return opts
+}
+
+// connectOperator connects the fixture's operator handle.
+func (f *natsFixture) connectOperator(t *testing.T) {
+	t.Helper()
 	f.nc = f.connect(t, operatorUser)
+	var err error
 	f.admin, err = jetstream.New(f.nc)
 	require.NoError(t, err)
-	return f
 }
 
 // connect connects as user with its test password; the application user gets the
@@ -128,18 +142,23 @@ func (f *natsFixture) connect(t *testing.T, user string, opts ...nats.Option) *n
 	if user == appUser {
 		opts = append(opts, nats.CustomInboxPrefix(inboxPrefix(NATSTopology{})))
 	}
-	nc, err := nats.Connect(f.srv.ClientURL(), opts...)
+	nc, err := nats.Connect(strings.Join(f.clientURLs(), ","), opts...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc
 }
 
-// applyShipped applies the shipped manifests as the operator would, at one replica.
-func (f *natsFixture) applyShipped(t *testing.T) *shape {
+// applyShipped applies the shipped manifests as the operator would, with every stream
+// at replicas, after edits (a test's own choices, such as a short ack wait).
+func (f *natsFixture) applyShipped(t *testing.T, replicas int, edits ...func(*shape)) *shape {
 	t.Helper()
 	data, err := os.ReadFile(shippedManifests)
 	require.NoError(t, err)
 	s := shapeFromManifests(t, shippedTopology, data)
+	s.atReplicas(replicas)
+	for _, edit := range edits {
+		edit(s)
+	}
 	f.apply(t, s)
 	return s
 }

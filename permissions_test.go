@@ -66,7 +66,7 @@ func appCore(t *testing.T, f *natsFixture) *natsCore {
 func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	t.Parallel()
 	f := newValuesFixture(t)
-	f.applyShipped(t)
+	f.applyShipped(t, 1)
 	c := appCore(t, f)
 	ctx := testCtx(t)
 
@@ -118,7 +118,7 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 func TestNATSPermissions_RefuseEveryTopologyChange(t *testing.T) {
 	t.Parallel()
 	f := newValuesFixture(t)
-	f.applyShipped(t)
+	f.applyShipped(t, 1)
 	c := appCore(t, f)
 	bounded := func() context.Context {
 		ctx, cancel := context.WithTimeout(t.Context(), refusedWait)
