@@ -3,7 +3,6 @@ package mq
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -172,6 +171,9 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 		}
 	}
 	e.listening = !sopts.DontListen
+	if err := e.prepareLegacyStore(dir); err != nil {
+		return err
+	}
 	srv, err := server.NewServer(sopts)
 	if err != nil {
 		return fmt.Errorf("embedded nats: server: %w", err)
@@ -240,25 +242,6 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 	e.doubtfulEnd, e.doubtfulDone = make(chan struct{}), make(chan struct{})
 	go e.releaseDoubtful()
 	e.awaitSources(ctx)
-	return nil
-}
-
-// migrateIngestConsumer removes the durable a store written before the ingest durable
-// had to sort first still holds (legacyIngestConsumer), once the current durable
-// exists: that one starts from the partition's first event, so it holds everything
-// the old one had not acknowledged before the old one lets go, and an event the old
-// one had acknowledged but the history had not yet copied comes again (at least
-// once). Left in place, the old durable would hold every later event forever.
-func (e *EmbeddedNATS) migrateIngestConsumer(ctx context.Context, stream string) error {
-	err := e.js.DeleteConsumer(ctx, stream, legacyIngestConsumer)
-	switch {
-	case err == nil:
-		e.log.Info("mq: removed the ingest durable of an earlier version; its unacknowledged events go to the current one",
-			"stream", stream, "removed", legacyIngestConsumer, "current", e.topo.IngestConsumer)
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-	default:
-		return fmt.Errorf("consumer %s/%s: remove the earlier version's durable: %w", stream, legacyIngestConsumer, err)
-	}
 	return nil
 }
 

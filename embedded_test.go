@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -543,38 +546,83 @@ func requirePartitionsEmpty(t *testing.T, e *EmbeddedNATS) {
 	}
 }
 
-func TestEmbeddedNATS_AStoreWithTheEarlierDurableMovesItsBacklogToTheCurrentOne(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "store")
-	e := openEmbedded(t, dir)
+// writeLegacyStore writes the store an earlier mq left in dir: the same topology
+// with the ingest durable named wh-ingest, n events of tenant published, the first
+// acked of them acknowledged, and the history caught up with its source consumers
+// holding their progress, then idles and stops the server.
+func writeLegacyStore(t *testing.T, dir string, tenant TenantID, n, acked int) {
+	t.Helper()
+	topo := NATSTopology{}.WithDefaults()
+	topo.Replicas = 1
+	srv := runServer(t, &server.Options{JetStream: true, StoreDir: dir, JetStreamMaxStore: maxStore, DontListen: true, NoSigs: true, NoLog: true})
+	nc, err := nats.Connect("", nats.InProcessServer(srv))
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
 	ctx := testCtx(t)
-	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
-	topic := Topic{Tenant: "acme", Table: "t"}
-	p := Partition("acme", e.topo.Partitions)
-	// The store as the earlier version left it: its durable beside the current one,
-	// and events the current one has acknowledged but the earlier one has not.
-	legacy := e.topo.ingestConsumerConfig(p)
-	legacy.Durable = legacyIngestConsumer
-	_, err := e.js.CreateOrUpdateConsumer(ctx, e.topo.PartitionStream(p), legacy)
-	require.NoError(t, err)
-	for i := range 3 {
-		require.NoError(t, e.Publish(ctx, topic, fmt.Appendf(nil, "acked-%d", i)))
+	for p := range topo.Partitions {
+		_, err := js.CreateStream(ctx, topo.partitionConfig(p))
+		require.NoError(t, err)
+		legacy := topo.ingestConsumerConfig(p)
+		legacy.Durable = legacyIngestConsumer
+		_, err = js.CreateOrUpdateConsumer(ctx, topo.PartitionStream(p), legacy)
+		require.NoError(t, err)
 	}
-	cons, err := e.js.Consumer(ctx, e.topo.PartitionStream(p), e.topo.IngestConsumer)
-	require.NoError(t, err)
-	batch, err := cons.Fetch(3)
-	require.NoError(t, err)
-	for m := range batch.Messages() {
-		require.NoError(t, m.DoubleAck(ctx))
+	for _, cfg := range []jetstream.StreamConfig{topo.historyConfig(), topo.deadLetterConfig()} {
+		_, err := js.CreateStream(ctx, cfg)
+		require.NoError(t, err)
 	}
-	require.NoError(t, batch.Error())
-	require.NoError(t, e.Publish(ctx, topic, []byte("unacked")))
-	waitHistoryCopied(t, e.js, e.topo.HistoryStream, 4)
-	require.NoError(t, e.Close())
+	subject, p, err := topo.subjects().ingestTopic(Topic{Tenant: tenant, Table: "t"})
+	require.NoError(t, err)
+	sourceAcked := func(floor uint64) func() bool {
+		return func() bool {
+			ok := false
+			for ci := range mustStream(t, js, topo.PartitionStream(p)).ListConsumers(ctx).Info() { // read to the end
+				ok = ok || strings.HasPrefix(ci.Name, "JS_SRC_") && ci.AckFloor.Stream >= floor
+			}
+			return ok
+		}
+	}
+	// As the earlier version did, publish only once the history's source is there: an
+	// event acknowledged before would leave without reaching the history.
+	require.Eventually(t, sourceAcked(0), 30*time.Second, 20*time.Millisecond, "the history never attached")
+	for i := range n {
+		msg := &nats.Msg{Subject: subject, Data: fmt.Appendf(nil, "%d", i), Header: nats.Header{HeaderIdempotencyKey: {nuid.Next()}}}
+		_, err := js.PublishMsg(ctx, msg)
+		require.NoError(t, err)
+	}
+	cons, err := js.Consumer(ctx, topo.PartitionStream(p), legacyIngestConsumer)
+	require.NoError(t, err)
+	if acked > 0 {
+		batch, err := cons.Fetch(acked)
+		require.NoError(t, err)
+		for m := range batch.Messages() {
+			require.NoError(t, m.DoubleAck(ctx))
+		}
+	}
+	require.Eventually(t, sourceAcked(uint64(n)), 30*time.Second, 20*time.Millisecond, "the history never copied the legacy store's events")
+	time.Sleep(2 * time.Second)
+	srv.Shutdown()
+	srv.WaitForShutdown()
+}
 
-	e = openEmbedded(t, dir)
-	_, err = e.js.Consumer(ctx, e.topo.PartitionStream(p), legacyIngestConsumer)
+func TestEmbeddedNATS_OpeningAStoreWithTheEarlierDurableLosesNoUnacknowledgedEvent(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	const n, acked = 20, 5
+	writeLegacyStore(t, dir, "acme", n, acked)
+
+	e := openEmbedded(t, dir)
+	p := Partition("acme", e.topo.Partitions)
+	_, err := e.js.Consumer(testCtx(t), e.topo.PartitionStream(p), legacyIngestConsumer)
 	require.ErrorIs(t, err, jetstream.ErrConsumerNotFound, "the earlier durable is removed")
-	assert.Equal(t, []string{"unacked"}, drain(t, e, 1))
-	waitHistoryCopied(t, e.js, e.topo.HistoryStream, 4)
+	got := drain(t, e, n-acked)
+	for i, d := range got {
+		require.Equal(t, strconv.Itoa(acked+i), d, "every event the earlier durable had not acknowledged, in order")
+	}
+	waitHistoryCopied(t, e.js, e.topo.HistoryStream, n)
 	requirePartitionsEmpty(t, e) // nothing is held for the removed durable
+	require.NoError(t, e.Close())
+	e = openEmbedded(t, dir) // and a later restart of the migrated store keeps working
+	require.NoError(t, e.Close())
 }
