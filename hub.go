@@ -20,11 +20,11 @@ func (c *natsCore) message(ctx context.Context, m jetstream.Msg, settler Settler
 	if meta, err := m.Metadata(); err == nil {
 		ts, attempt, seq = meta.Timestamp, int(meta.NumDelivered), meta.Sequence.Stream
 	}
-	msg := newKeyedMessage(ctx, c.subs.keyOrSubject(m.Subject()), m.Data(),
-		WithTimestamp(ts), WithMessageHeaders(userHeaders(m.Headers())), WithSettler(settler))
-	tenant, _, _ := strings.Cut(msg.key, ".") // a key's first token is its tenant
-	msg.ID, msg.Attempt, msg.Sequence = eventID(TenantID(tenant), m.Headers().Get(HeaderIdempotencyKey)), attempt, seq
-	return msg
+	key := c.subs.keyOrSubject(m.Subject())
+	tenant, _, _ := strings.Cut(key, ".") // a key's first token is its tenant
+	id := eventID(TenantID(tenant), m.Headers().Get(HeaderIdempotencyKey))
+	return newKeyedMessage(ctx, key, m.Data(), WithTimestamp(ts), WithMessageHeaders(userHeaders(m.Headers())),
+		WithDelivery(id, attempt, seq), WithSettler(settler))
 }
 
 // subscribe runs the hub: an ordered, ack-less consumer on the history from the next
@@ -62,7 +62,7 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 		}
 		msg := c.message(ctx, m, nil)
 		msg.Ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(msg.Headers))
-		if err := c.handle("hub", handler, msg); err != nil {
+		if err := c.handle("hub", handler, msg); err != nil && !errors.Is(err, errHandlerPanicked) { // a panic is logged already
 			c.log.Warn("mq: hub handler failed; the hub has no redelivery", "topic", msg.key, "error", err)
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {

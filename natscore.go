@@ -99,6 +99,9 @@ func (c *natsCore) checkOpen() error {
 	return nil
 }
 
+// errHandlerPanicked marks the error handle makes of a panic, which it has logged.
+var errHandlerPanicked = errors.New("panicked")
+
 // handle runs handler on msg and turns a panic into the handler's error: a poison
 // event that panics would otherwise end the process, and, redelivered, every worker
 // that takes it next. The panic is logged with its topic and stack, at error level:
@@ -108,7 +111,7 @@ func (c *natsCore) handle(path string, handler Handler, msg *Message) (err error
 		if r := recover(); r != nil {
 			c.log.Error("mq: handler panicked; treated as its error", "path", path, "topic", msg.key,
 				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			err = fmt.Errorf("%s handler panicked on %s: %v", path, msg.key, r)
+			err = fmt.Errorf("%s handler on %s: %w: %v", path, msg.key, errHandlerPanicked, r)
 		}
 	}()
 	return handler(msg)

@@ -44,7 +44,7 @@ func TestRedactURL_ShowsNoUserinfoAtAll(t *testing.T) {
 		for _, s := range c.secrets {
 			assert.Empty(t, leaked(got, s), "redactURL(%q) = %q shows part of %q", c.url, got, s)
 		}
-		assert.Contains(t, got, "nats", "redactURL(%q) = %q lost the host", c.url, got)
+		assert.Contains(t, got, "example", "redactURL(%q) = %q lost the host", c.url, got) // every host here is nats.example
 	}
 	assert.Equal(t, "nats://nats.example:4222", redactURL("nats://nats.example:4222"), "a URL without userinfo is kept")
 	assert.Equal(t, "nats://***@nats.example:4222", redactURL("nats://alice:pw@nats.example:4222"))

@@ -54,6 +54,8 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 		return nil // nothing is stored that late
 	}
 	// Close ends a replay as it stops a consumer: whatever request or wait it is in.
+	// The messages sent carry the caller's own ctx, which outlives the replay.
+	caller := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	id, ok := c.track(cancel)
@@ -61,7 +63,7 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 		return fmt.Errorf("replay %s: %w", subject, ErrClosed)
 	}
 	defer c.untrack(id)
-	r := &replayRun{c: c, ctx: ctx, subject: subject, since: since}
+	r := &replayRun{c: c, ctx: ctx, caller: caller, subject: subject, since: since}
 	err = r.run(send)
 	if !errors.Is(err, ErrUnavailable) {
 		// Deleting over a silent connection would only delay the error; the
@@ -76,7 +78,9 @@ type replayRun struct {
 	c *natsCore
 	// ctx is the caller's: its end is the caller's error, where the end of a bound
 	// of the replay's own is ErrUnavailable.
-	ctx     context.Context
+	ctx context.Context
+	// caller is the caller's ctx itself, which the messages sent carry.
+	caller  context.Context
 	subject string
 	since   time.Time
 
@@ -172,7 +176,7 @@ func (r *replayRun) pull(send func(*Message) bool) (bool, error) {
 		got++
 		r.owed--
 		r.sent = meta.Sequence.Stream
-		if !send(r.c.message(r.ctx, m, nil)) {
+		if !send(r.c.message(r.caller, m, nil)) {
 			return false, nil
 		}
 		if err := r.ctx.Err(); err != nil {

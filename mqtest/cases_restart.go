@@ -34,8 +34,8 @@ func needRestart(h Harness) string {
 }
 
 // restart closes the case's broker and carries on with the one Harness.Restart opens
-// on the same store, restarting twice when twice is set: a loss may show only at the
-// store's second restart.
+// on the same store. Cases restart twice where a loss may show only at the store's
+// second restart.
 func (e *env) restart() {
 	e.t.Helper()
 	b := e.h.Restart(e.t, e.b)
@@ -154,8 +154,8 @@ func restartKeepsDeadLettersAndBudgets(t *testing.T, h Harness) {
 
 // restartKeepsEnforcing: where budgets are enforced per tenant and stored, the bytes
 // still queued count against the budget after a restart exactly as before it: a
-// tenant that had room for one more event still has, and a tenant that was full still
-// is, until its events are consumed.
+// tenant that was full is still full after the restart, until its events are
+// consumed, and then takes events again.
 func restartKeepsEnforcing(t *testing.T, h Harness) {
 	if !h.Caps.PerTenantBudget || !h.Caps.StoresBudgets {
 		t.Skip("needs Caps.PerTenantBudget and Caps.StoresBudgets")
