@@ -14,6 +14,9 @@ import (
 // stream. Its message id is never the original's (that left with its Nats- headers):
 // a fresh one, or the caller's idempotency key scoped to msg's tenant, as on Publish.
 func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) error {
+	if ctx == nil {
+		return errNilContext("dead letter")
+	}
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
@@ -39,6 +42,9 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 
 // deadLetterCounts reads tenant's parked counts with one subject-filtered info request.
 func (c *natsCore) deadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
+	if ctx == nil {
+		return DeadLetterCounts{}, errNilContext("dead-letter counts")
+	}
 	if err := c.checkOpen(); err != nil {
 		return DeadLetterCounts{}, err
 	}

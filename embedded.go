@@ -326,6 +326,9 @@ func (e *EmbeddedNATS) Subscribe(ctx context.Context, _ string, handler Handler)
 // CreateConsumer maps cfg.Durable onto the ingest durable and applies cfg's AckWait and
 // MaxAckPending to it on every partition.
 func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
+	if ctx == nil {
+		return nil, errNilContext("create consumer")
+	}
 	durable, err := e.core.durable(cfg.Durable)
 	if err != nil {
 		return nil, err
@@ -352,6 +355,9 @@ func (e *EmbeddedNATS) DeadLetter(ctx context.Context, msg *Message, opts ...Pub
 // DeadLetterCounts counts tenant's parked events; a tenant never given a budget has no
 // queue and is ErrNoDeadLetterQueue.
 func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
+	if ctx == nil {
+		return DeadLetterCounts{}, errNilContext("dead-letter counts")
+	}
 	if err := e.core.checkOpen(); err != nil {
 		return DeadLetterCounts{}, err
 	}

@@ -388,6 +388,9 @@ func (e *ExternalNATS) Subscribe(ctx context.Context, _ string, handler Handler)
 // every partition: its ack wait at least cfg's (default the topology's), and a max ack
 // pending set. It never creates one.
 func (e *ExternalNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
+	if ctx == nil {
+		return nil, errNilContext("create consumer")
+	}
 	durable, err := e.core.durable(cfg.Durable)
 	if err != nil {
 		return nil, err

@@ -30,6 +30,9 @@ func (c *natsCore) message(ctx context.Context, m jetstream.Msg, settler Settler
 // subscribe runs the hub: an ordered, ack-less consumer on the history from the next
 // event on, one per call, so every process sees every event.
 func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
+	if ctx == nil {
+		return errNilContext("subscribe")
+	}
 	if err := c.checkOpen(); err != nil {
 		return err
 	}

@@ -229,8 +229,8 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 // no dot, while a generated id (a nuid) never has one.
 func callerKeyed(id string) bool { return strings.Contains(id, ".") }
 
-// errNilContext refuses a nil context before anything is sent or reserved: every
-// request would panic on it.
+// errNilContext refuses a nil context before anything is sent, reserved or requested:
+// every request would panic on it. Every Broker method that takes a ctx refuses one.
 func errNilContext(op string) error { return errors.New(op + ": nil context") }
 
 func cloneHeaders(h Headers) Headers {

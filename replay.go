@@ -37,6 +37,9 @@ const (
 // within that bound, and a server that stays silent is ErrUnavailable then, not at
 // the caller's deadline.
 func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
+	if ctx == nil {
+		return errNilContext("replay")
+	}
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
