@@ -36,7 +36,7 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	if err != nil {
 		return fmt.Errorf("dead letter: %w", err)
 	}
-	_, _, err = c.send(ctx, ev)
+	_, err = c.send(ctx, ev)
 	return err
 }
 

@@ -306,7 +306,7 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	defer e.budgets.cancel(r)
 	// An error leaves the outcome unknown: counting stops, and a reopen counts what
 	// was stored.
-	ack, _, err := e.core.send(ctx, ev)
+	ack, err := e.core.send(ctx, ev)
 	if err != nil {
 		return err
 	}

@@ -76,7 +76,7 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	topic := Topic{Tenant: "acme", Table: "t", Scope: "s"}
 	ev, err := c.ingestEvent(ctx, topic, []byte("one"), nil)
 	require.NoError(t, err)
-	_, _, err = c.send(ctx, ev)
+	_, err = c.send(ctx, ev)
 	require.NoError(t, err, "publish")
 
 	got := make(chan *Message, 4)

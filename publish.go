@@ -170,19 +170,16 @@ func userHeaders(h nats.Header) Headers {
 // send publishes ev and waits for the stream's confirmation. Each attempt is bounded by
 // PublishTimeout; an attempt whose answer was lost is sent again, at most twice, with
 // the same message id, so the stream stores it once.
-// It also reports whether it sent more than once, so a Duplicate answer can be told
-// from a repeat of the caller's own earlier publish.
-func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck, retried bool, err error) {
+func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	id := ev.header.Get(HeaderIdempotencyKey) // prepare set it
 	var lastErr error
 	for attempt := 0; attempt <= publishRetries; attempt++ {
 		if attempt > 0 {
-			retried = true
 			if err := sleepCtx(ctx, publishRetryWait); err != nil {
-				return nil, retried, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
+				return nil, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
 			}
 		}
 		msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
@@ -191,17 +188,17 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (ack *jetstream.PubAck
 			jetstream.WithMsgID(id), jetstream.WithExpectStream(ev.stream), jetstream.WithRetryAttempts(0))
 		cancel()
 		if err == nil {
-			return ack, retried, nil
+			return ack, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			return nil, retried, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
+			return nil, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
 		}
 		lastErr = err
 		if !noAnswer(err) || c.nc.IsClosed() {
 			break
 		}
 	}
-	return nil, retried, c.mapPublishError(ev, lastErr)
+	return nil, c.mapPublishError(ev, lastErr)
 }
 
 // ingestEvent prepares topic's event for its partition, its message id scoped to the

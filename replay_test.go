@@ -220,48 +220,45 @@ func replayConsumers(t *testing.T, js jetstream.JetStream, history, subject stri
 	return out
 }
 
-func TestReplay_AConsumerLostUnderTheReplayIsCreatedAgainFromTheNextEvent(t *testing.T) {
+// replayDisturbed publishes replayBatch+44 events on a fresh topic of table, replays
+// them, and calls disturb with the topic's subject once the whole first batch was
+// sent. It returns what was published, what the replay sent, and its error.
+func replayDisturbed(t *testing.T, table string, disturb func(e *EmbeddedNATS, subject string)) (want, got []string, err error) {
 	e := openEmbedded(t, "")
 	ctx := testCtx(t)
 	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
-	topic := Topic{Tenant: "acme", Table: "lost-consumer"}
-	want := publishReplayable(t, e, topic, replayBatch+44)
+	topic := Topic{Tenant: "acme", Table: table}
+	want = publishReplayable(t, e, topic, replayBatch+44)
 	subject, _, err := e.subs.ingestTopic(topic)
 	require.NoError(t, err)
-	var got []string
 	err = e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
 		got = append(got, string(m.Data))
 		if len(got) == replayBatch {
-			// The whole first batch is in. Delete the replay's consumer, as a failed node
-			// takes its R1 consumer with it: the next pull finds no responders.
-			cons := replayConsumers(t, e.js, e.topo.HistoryStream, subject)
-			require.Len(t, cons, 1)
-			require.NoError(t, e.js.DeleteConsumer(ctx, e.topo.HistoryStream, cons[0].Name))
+			disturb(e, subject)
 		}
 		return true
+	})
+	return want, got, err
+}
+
+func TestReplay_AConsumerLostUnderTheReplayIsCreatedAgainFromTheNextEvent(t *testing.T) {
+	want, got, err := replayDisturbed(t, "lost-consumer", func(e *EmbeddedNATS, subject string) {
+		// Delete the replay's consumer, as a failed node takes its R1 consumer with it:
+		// the next pull finds no responders.
+		cons := replayConsumers(t, e.js, e.topo.HistoryStream, subject)
+		require.Len(t, cons, 1)
+		require.NoError(t, e.js.DeleteConsumer(testCtx(t), e.topo.HistoryStream, cons[0].Name))
 	})
 	require.NoError(t, err)
 	assert.Equal(t, want, got, "every event, once each, in order")
 }
 
 func TestReplay_EventsThatLeftTheHistoryDuringTheReplayEndItWithNil(t *testing.T) {
-	e := openEmbedded(t, "")
-	ctx := testCtx(t)
-	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
-	topic := Topic{Tenant: "acme", Table: "aged"}
-	want := publishReplayable(t, e, topic, replayBatch+44)
-	subject, _, err := e.subs.ingestTopic(topic)
-	require.NoError(t, err)
-	var got []string
-	err = e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
-		got = append(got, string(m.Data))
-		if len(got) == replayBatch {
-			// What is left ages out of the history before the replay reaches it.
-			hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
-			require.NoError(t, err)
-			require.NoError(t, hist.Purge(ctx, jetstream.WithPurgeSubject(subject)))
-		}
-		return true
+	want, got, err := replayDisturbed(t, "aged", func(e *EmbeddedNATS, subject string) {
+		// What is left ages out of the history before the replay reaches it.
+		hist, err := e.js.Stream(testCtx(t), e.topo.HistoryStream)
+		require.NoError(t, err)
+		require.NoError(t, hist.Purge(testCtx(t), jetstream.WithPurgeSubject(subject)))
 	})
 	require.NoError(t, err, "events gone from the history are not a failure")
 	assert.Equal(t, want[:replayBatch], got)

@@ -298,10 +298,14 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 			dups--
 		}
 	}
+	distinct := len(delivered) // the worker still runs: read under its lock
 	mu.Unlock()
+	ledger.mu.Lock()
+	confirmed := len(ledger.confirmed)
+	ledger.mu.Unlock()
 	slices.Sort(lost)
 	t.Logf("cycle %d (%s): confirmed %d, owed %d, delivered after the restart %d, lost %d, duplicates %d",
-		cycle, c.name(), len(ledger.confirmed), len(owed), len(delivered), len(lost), dups)
+		cycle, c.name(), confirmed, len(owed), distinct, len(lost), dups)
 	require.Empty(t, lost, "cycle %d: confirmed events the worker never acknowledged, missing after the restart", cycle)
 	require.Eventually(t, func() bool {
 		for _, n := range gaugeBy(t, reader, "wavehouse_mq_tenant_backlog_bytes", "tenant") {

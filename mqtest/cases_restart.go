@@ -47,11 +47,7 @@ func (e *env) restart() {
 // broker's history has them, then lets the broker idle.
 func (e *env) settle(tp mq.Topic, n int) {
 	e.t.Helper()
-	require.Eventually(e.t, func() bool {
-		got := 0
-		err := e.b.ReplaySince(e.ctx, tp, time.Time{}, func(*mq.Message) bool { got++; return true })
-		return err == nil && got >= n
-	}, 4*wait, poll, "the history of %s never held %d events", tp, n)
+	e.replayReaches(tp, n)
 	time.Sleep(idle)
 }
 

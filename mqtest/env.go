@@ -1,0 +1,399 @@
+package mqtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+// env and the helpers every case shares: a case's broker and context, publishing,
+// consuming and subscribing onto channels, bounded waits and replays.
+
+// env is one case's broker and context.
+type env struct {
+	t    *testing.T
+	h    Harness
+	b    mq.Broker
+	ctx  context.Context
+	over chan struct{}
+}
+
+// setup makes the case's broker and its context: t.Context() bounded by 4 x wait. The
+// case is "over" (handlers stop reporting) before the broker's own cleanup closes it.
+func setup(t *testing.T, h Harness) *env {
+	t.Helper()
+	b := h.New(t)
+	require.NotNil(t, b, "Harness.New returned nil")
+	ctx, cancel := context.WithTimeout(t.Context(), 4*wait)
+	e := &env{t: t, h: h, b: b, ctx: ctx, over: make(chan struct{})}
+	t.Cleanup(func() {
+		close(e.over)
+		cancel()
+	})
+	return e
+}
+
+// live reports whether the case is still running: handlers report failures only
+// then, so a handler that outlives its case never touches a finished test.
+func (e *env) live() bool {
+	select {
+	case <-e.over:
+		return false
+	default:
+		return e.ctx.Err() == nil
+	}
+}
+
+// errorf reports a failure from a handler goroutine while the case is live.
+func (e *env) errorf(format string, args ...any) {
+	if e.live() {
+		e.t.Errorf(format, args...)
+	}
+}
+
+// topic builds a topic.
+func topic(tenant mq.TenantID, table, scope string) mq.Topic {
+	return mq.Topic{Tenant: tenant, Table: table, Scope: scope}
+}
+
+// publish publishes data on tp and requires success.
+func (e *env) publish(tp mq.Topic, data string, opts ...mq.PublishOpt) {
+	e.t.Helper()
+	require.NoError(e.t, e.b.Publish(e.ctx, tp, []byte(data), opts...), "publish %q on %s", data, tp)
+}
+
+// delivery is one message as a handler saw it.
+type delivery struct {
+	topic mq.Topic
+	data  string
+	msg   *mq.Message
+}
+
+func datas(ds []delivery) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.data
+	}
+	return out
+}
+
+// deliveryBuffer is the capacity of a delivery channel.
+const deliveryBuffer = 1024
+
+// push hands d to ch unless the case is over.
+func (e *env) push(ch chan<- delivery, m *mq.Message) {
+	d := delivery{topic: m.Topic(), data: string(m.Data), msg: m}
+	select {
+	case ch <- d:
+	case <-e.over:
+	}
+}
+
+// consumer is one running Consume.
+type consumer struct {
+	deliveries <-chan delivery
+	stop       func()
+	failed     <-chan error
+}
+
+// consume creates Durable (cfg.Durable if set) under the case's context and consumes it
+// with a prefetch of 16: handle runs first, then the delivery goes onto the returned
+// channel. stop is registered as cleanup.
+func (e *env) consume(cfg mq.ConsumerConfig, handle mq.Handler) consumer {
+	e.t.Helper()
+	return e.consumeCtx(e.ctx, cfg, 16, handle)
+}
+
+// consumeCtx is consume with CreateConsumer's context and the prefetch given.
+func (e *env) consumeCtx(ctx context.Context, cfg mq.ConsumerConfig, prefetch int, handle mq.Handler) consumer {
+	e.t.Helper()
+	if cfg.Durable == "" {
+		cfg.Durable = Durable
+	}
+	c, err := e.b.CreateConsumer(ctx, cfg)
+	require.NoError(e.t, err, "create consumer %+v", cfg)
+	require.NotNil(e.t, c, "CreateConsumer returned a nil consumer and no error")
+	ch := make(chan delivery, deliveryBuffer)
+	stop, failed, err := c.Consume(func(m *mq.Message) error {
+		if !e.live() {
+			return errors.New("mqtest: the case is over")
+		}
+		err := handle(m)
+		e.push(ch, m)
+		return err
+	}, prefetch)
+	require.NoError(e.t, err, "consume")
+	require.NotNil(e.t, stop, "Consume returned a nil stop")
+	require.NotNil(e.t, failed, "Consume returned a nil failed channel")
+	e.t.Cleanup(stop)
+	return consumer{deliveries: ch, stop: stop, failed: failed}
+}
+
+// ackEach is a handler that acknowledges every message and waits for the broker's
+// confirmation.
+func (e *env) ackEach(m *mq.Message) error {
+	if err := m.DoubleAck(e.ctx); err != nil {
+		e.errorf("double ack %q on %s: %v", m.Data, m.TopicKey(), err)
+	}
+	return nil
+}
+
+// subscribe subscribes under the case's context and pushes every delivery onto the
+// returned channel.
+func (e *env) subscribe(name string) <-chan delivery {
+	e.t.Helper()
+	return e.subscribeCtx(e.ctx, name)
+}
+
+// subscribeCtx is subscribe under ctx.
+func (e *env) subscribeCtx(ctx context.Context, name string) <-chan delivery {
+	e.t.Helper()
+	ch := make(chan delivery, deliveryBuffer)
+	require.NoError(e.t, e.b.Subscribe(ctx, name, func(m *mq.Message) error {
+		if e.live() {
+			e.push(ch, m)
+		}
+		return nil
+	}), "subscribe %q", name)
+	return ch
+}
+
+// next collects exactly n deliveries, failing if wait passes without a new one.
+func next(t *testing.T, ch <-chan delivery, n int) []delivery {
+	t.Helper()
+	out := make([]delivery, 0, n)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for len(out) < n {
+		select {
+		case d := <-ch:
+			out = append(out, d)
+			timer.Reset(wait)
+		case <-timer.C:
+			t.Fatalf("got %d of %d deliveries, then nothing for %s: %q", len(out), n, wait, datas(out))
+		}
+	}
+	return out
+}
+
+// none fails if anything arrives on ch within quiet.
+func none(t *testing.T, ch <-chan delivery) {
+	t.Helper()
+	noneFor(t, ch, quiet)
+}
+
+func noneFor(t *testing.T, ch <-chan delivery, d time.Duration) {
+	t.Helper()
+	select {
+	case got := <-ch:
+		t.Fatalf("unexpected delivery %q on %s within %s", got.data, got.msg.TopicKey(), d)
+	case <-time.After(d):
+	}
+}
+
+// noFailure fails if a non-nil error arrives on failed within quiet. A closed channel
+// reports nothing.
+func noFailure(t *testing.T, failed <-chan error) {
+	t.Helper()
+	select {
+	case err, ok := <-failed:
+		if ok && err != nil {
+			t.Fatalf("failed reported %v", err)
+		}
+		if ok {
+			t.Fatal("failed carried a nil error")
+		}
+	case <-time.After(quiet):
+	}
+}
+
+// replay gathers a whole ReplaySince of tp, requiring a nil end.
+func (e *env) replay(tp mq.Topic, since time.Time) []string {
+	e.t.Helper()
+	got, err := e.tryReplay(tp, since, 0)
+	require.NoError(e.t, err, "replay %s since %v", tp, since)
+	return got
+}
+
+// tryReplay gathers a ReplaySince of tp, stopping after limit events when limit > 0.
+func (e *env) tryReplay(tp mq.Topic, since time.Time, limit int) ([]string, error) {
+	got := []string{}
+	err := e.b.ReplaySince(e.ctx, tp, since, func(m *mq.Message) bool {
+		got = append(got, string(m.Data))
+		return limit <= 0 || len(got) < limit
+	})
+	return got, err
+}
+
+// replayEventually re-runs a replay until it equals want, or fails after wait. It
+// allows a broker whose replayable history trails the ingest queue.
+func (e *env) replayEventually(tp mq.Topic, since time.Time, want []string) {
+	e.t.Helper()
+	if want == nil {
+		want = []string{}
+	}
+	deadline := time.Now().Add(wait)
+	var got []string
+	for {
+		var err error
+		got, err = e.tryReplay(tp, since, 0)
+		require.NoError(e.t, err, "replay %s since %v", tp, since)
+		if slices.Equal(got, want) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(poll)
+	}
+	assert.Equal(e.t, want, got, "replay of %s since %v", tp, since)
+}
+
+// replayReaches polls until a replay of tp from the beginning yields at least n events.
+func (e *env) replayReaches(tp mq.Topic, n int) {
+	e.t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		got, err := e.tryReplay(tp, time.Time{}, n)
+		require.NoError(e.t, err, "replay %s", tp)
+		if len(got) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("replay of %s reached %d of %d events within %s: %q", tp, len(got), n, wait, got)
+		}
+		time.Sleep(poll)
+	}
+}
+
+// replayThrough polls until a replay of tp since since ends with last (a fence
+// published after everything else), then returns that replay. Because a topic's
+// history is in order, the fence arriving means everything before it did.
+func (e *env) replayThrough(tp mq.Topic, since time.Time, last string) []string {
+	e.t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		got := e.replay(tp, since)
+		if len(got) > 0 && got[len(got)-1] == last {
+			return got
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("replay of %s never reached %q within %s: %q", tp, last, wait, got)
+		}
+		time.Sleep(poll)
+	}
+}
+
+// eventually polls cond until it holds or wait passes.
+func eventually(cond func() bool) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(poll)
+	}
+}
+
+// quiesces proves that delivery on ch ended: it publishes probes on tp until one is not
+// delivered within quiet (failing if every probe for wait still was), then publishes
+// two more and requires that neither arrives.
+func (e *env) quiesces(tp mq.Topic, ch <-chan delivery, what string) {
+	e.t.Helper()
+	deadline := time.Now().Add(wait)
+	for i := 0; ; i++ {
+		e.publish(tp, fmt.Sprintf("probe-%d", i))
+		if !drainedWithin(ch, quiet) {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("delivery went on for %s after %s", wait, what)
+		}
+	}
+	e.publish(tp, "probe-last-1")
+	e.publish(tp, "probe-last-2")
+	none(e.t, ch)
+}
+
+// drainedWithin reports whether something arrived on ch within d, draining whatever
+// else is already there.
+func drainedWithin(ch <-chan delivery, d time.Duration) bool {
+	select {
+	case <-ch:
+		for {
+			select {
+			case <-ch:
+			default:
+				return true
+			}
+		}
+	case <-time.After(d):
+		return false
+	}
+}
+
+// budget gives tenant a production-sized budget.
+func (e *env) budget(tenant mq.TenantID) {
+	e.t.Helper()
+	require.NoError(e.t, e.b.SetMaxBytes(e.ctx, tenant, 64<<20), "budget %s", tenant)
+}
+
+// byTenant groups payloads by tenant, in delivery order.
+func byTenant(ds []delivery) map[mq.TenantID][]string {
+	out := map[mq.TenantID][]string{}
+	for _, d := range ds {
+		out[d.topic.Tenant] = append(out[d.topic.Tenant], d.data)
+	}
+	return out
+}
+
+// seq returns prefix0 ... prefix(n-1).
+func seq(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return out
+}
+
+// counter counts handler calls per payload across goroutines.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) inc(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[key]++
+	return c.n[key]
+}
+
+// isContextErr reports whether err is a context's error.
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// hasReservedHeader returns the first header of h whose key starts with "Nats-" in any
+// case, or "".
+func hasReservedHeader(h mq.Headers) string {
+	for k := range h {
+		if strings.HasPrefix(strings.ToLower(k), "nats-") {
+			return k
+		}
+	}
+	return ""
+}
