@@ -69,6 +69,10 @@ var (
 
 	// ErrClosed: the broker was closed.
 	ErrClosed = errors.New("mq: broker closed")
+
+	// ErrInvalidConfig: a ConsumerConfig that cannot work, such as a negative duration
+	// or count, or a partition the topology does not have. Nothing was started.
+	ErrInvalidConfig = errors.New("mq: invalid config")
 )
 
 // Topic addresses an event: a tenant's table, optionally narrowed by a scope. Table and
@@ -249,6 +253,29 @@ func (h Headers) Get(key string) string {
 	return ""
 }
 
+// The headers the poison policy adds to an event it parks (ConsumerConfig.MaxDeliveries),
+// beside the event's own.
+const (
+	// HeaderDeadReason is why the broker parked it: DeadReasonHandlerFailed.
+	HeaderDeadReason = "Mq-Dead-Reason"
+	// HeaderDeadError is the handler's last error, on one line, cut to 1 KiB.
+	HeaderDeadError = "Mq-Dead-Error"
+	// HeaderDeadAttempts is the number of deliveries, in decimal.
+	HeaderDeadAttempts = "Mq-Dead-Attempts"
+	// HeaderDeadPartition and HeaderDeadSequence are the delivery unit the event was
+	// read from and its sequence there.
+	HeaderDeadPartition = "Mq-Dead-Partition"
+	HeaderDeadSequence  = "Mq-Dead-Sequence"
+	// HeaderDeadFirstAttempt and HeaderDeadLastAttempt are the first attempt the
+	// parking worker saw and its last one, RFC 3339 in UTC with nanoseconds.
+	HeaderDeadFirstAttempt = "Mq-Dead-First-Attempt"
+	HeaderDeadLastAttempt  = "Mq-Dead-Last-Attempt"
+)
+
+// DeadReasonHandlerFailed is HeaderDeadReason of an event parked because the handler
+// returned an error (or panicked) on its last delivery allowed.
+const DeadReasonHandlerFailed = "handler-failed"
+
 // HeaderIdempotencyKey is the header WithIdempotencyKey sets. A broker stores at most
 // one event per key within its duplicate window and reports the repeats as success.
 const HeaderIdempotencyKey = "Nats-Msg-Id"
@@ -307,8 +334,40 @@ type ConsumerConfig struct {
 	Durable string
 	// AckWait is how long a delivered, unsettled message waits before redelivery.
 	AckWait time.Duration
-	// MaxAckPending caps the unsettled messages per delivery unit (a partition).
+	// MaxAckPending caps the unsettled messages per delivery unit (a partition). It
+	// also bounds what a worker holds in memory for that unit.
 	MaxAckPending int
+
+	// Concurrency is how many handler calls one Consume runs at once. A tenant's
+	// events are handled one at a time, in order; different tenants run in parallel,
+	// also within one delivery unit. Default 16.
+	Concurrency int
+	// MaxDeliveries is the delivery on which a handler failure makes the broker park
+	// the event on the dead-letter queue, with headers saying why (see
+	// HeaderDeadReason), and acknowledge it. Only a failure parks: an event that comes
+	// back unsettled (held, ack wait run out, a process that died in the handler)
+	// is handed to the handler again, whose Message.Attempt says how often it came.
+	// Default 10; negative never parks.
+	MaxDeliveries int
+	// RetryDelay is how long a failed event (a handler error or panic) waits before
+	// its next delivery; each further failure doubles it, up to MaxRetryDelay (itself
+	// capped at the ack wait). Defaults 1s and 1m.
+	RetryDelay    time.Duration
+	MaxRetryDelay time.Duration
+	// StopTimeout bounds how long stop (and Close) waits for running handler calls
+	// before it hands back everything the worker still holds. Default 10s.
+	StopTimeout time.Duration
+	// MemberTimeout is how long a worker that fell silent (killed, cut off) keeps
+	// its delivery units before the other workers share them out; a worker that stops
+	// hands them over at once. Workers send a heartbeat three times within it. A unit
+	// the silent worker still held unsettled events of waits one ack wait more, so its
+	// tenants' order holds. Default 3s.
+	MemberTimeout time.Duration
+	// Partitions, when set, claims exactly these delivery units (0 to N-1) for this
+	// worker, for operators who place workers themselves. Unset, the worker joins the
+	// others and takes its share of the units, each unit consumed by one worker at a
+	// time.
+	Partitions []int
 }
 
 // ConsumerManager creates the durable ingest consumer.
@@ -323,12 +382,20 @@ type ConsumerManager interface {
 // Consumer delivers every stored event at least once.
 type Consumer interface {
 	// Consume starts delivery to handler: every event at least once, in order per
-	// tenant, delivery units (partitions) concurrently. About prefetch messages are
-	// fetched ahead in total, split across the units (at least one each); 0 takes the
-	// broker's default. A handler error naks the message.
+	// tenant. About prefetch messages are fetched ahead in total, split across the
+	// delivery units (at least one each); 0 takes the broker's default.
 	//
-	// stop requests the end and returns at once; a handler call already in flight may
-	// still run after it returns. failed carries exactly one error wrapping
+	// A tenant's next event reaches the handler only once the call for its previous
+	// one returned. A handler error or panic, or a Nak made before it returned, holds
+	// that tenant alone: the event is delivered again after the retry delay (or at
+	// once after a plain Nak) and handled before any later event of the tenant, while
+	// other tenants go on. After MaxDeliveries the broker parks the event and the
+	// tenant moves on. Settling a message after its call returned holds nothing.
+	//
+	// stop ends delivery: no handler call begins once it was called; it waits up to
+	// StopTimeout for the calls in flight, then hands back every event the worker
+	// still holds, unsettled, in order, so the next worker gets them at once. It is
+	// safe to call more than once. failed carries exactly one error wrapping
 	// ErrDeliveryEnded if delivery ends on its own, and nothing once stop was called.
 	Consume(handler Handler, prefetch int) (stop func(), failed <-chan error, err error)
 }

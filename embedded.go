@@ -333,8 +333,9 @@ func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (
 	if err != nil {
 		return nil, err
 	}
-	if cfg.AckWait < 0 || cfg.MaxAckPending < 0 {
-		return nil, fmt.Errorf("create consumer %s: negative ack wait or max ack pending", cfg.Durable)
+	policy, err := newWorkerPolicy(cfg, e.topo.Partitions)
+	if err != nil {
+		return nil, err
 	}
 	for p := range e.topo.Partitions {
 		want := e.topo.ingestConsumerConfig(p)
@@ -344,7 +345,7 @@ func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (
 			return nil, e.core.mapRequestError(fmt.Sprintf("create consumer %s on stream %s", durable, e.topo.PartitionStream(p)), err)
 		}
 	}
-	return &worker{core: e.core, ctx: ctx, durable: durable}, nil
+	return &worker{core: e.core, ctx: ctx, durable: durable, policy: policy}, nil
 }
 
 // DeadLetter parks msg on the dead-letter stream under its own topic.

@@ -470,8 +470,14 @@ func TestEmbeddedNATS_ADurableDeletedWhileNoPullWasOutstandingEndsDelivery(t *te
 	cons, err := e.js.Consumer(ctx, stream, e.topo.IngestConsumer)
 	require.NoError(t, err)
 	require.NoError(t, e.js.DeleteConsumer(ctx, stream, e.topo.IngestConsumer))
-	d := &delivery{failed: make(chan error, 1)}
-	require.NoError(t, d.consume(e.core, ctx, cons, stream, e.topo.IngestConsumer, func(*Message) error { return nil }, 1))
+	policy, err := newWorkerPolicy(ConsumerConfig{}, e.topo.Partitions)
+	require.NoError(t, err)
+	d := newDispatcher(e.core, ctx, e.topo.IngestConsumer, func(*Message) error { return nil }, policy, 1)
+	u := d.newUnit(0)
+	require.NoError(t, d.consume(u, cons))
+	d.mu.Lock()
+	d.units[0] = u
+	d.mu.Unlock()
 	defer d.stop()
 	select {
 	case err := <-d.failed:

@@ -185,6 +185,10 @@ func (e *ExternalNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (
 	if err != nil {
 		return nil, err
 	}
+	policy, err := newWorkerPolicy(cfg, len(e.core.partitions))
+	if err != nil {
+		return nil, err
+	}
 	wantWait := cmp.Or(cfg.AckWait, e.topo.AckWait)
 	for _, stream := range e.core.partitions {
 		cons, err := e.js.Consumer(ctx, stream, durable)
@@ -202,7 +206,7 @@ func (e *ExternalNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (
 			return nil, fmt.Errorf("create consumer %s on stream %s: max ack pending is not set", durable, stream)
 		}
 	}
-	return &worker{core: e.core, ctx: ctx, durable: durable}, nil
+	return &worker{core: e.core, ctx: ctx, durable: durable, policy: policy}, nil
 }
 
 // DeadLetter parks msg on the dead-letter stream under its own topic, with a fresh id.

@@ -20,6 +20,11 @@ func (c *natsCore) message(ctx context.Context, m jetstream.Msg, settler Settler
 	if meta, err := m.Metadata(); err == nil {
 		ts, attempt, seq = meta.Timestamp, int(meta.NumDelivered), meta.Sequence.Stream
 	}
+	return c.delivered(ctx, m, ts, attempt, seq, settler)
+}
+
+// delivered builds the Message of m from its metadata, already parsed.
+func (c *natsCore) delivered(ctx context.Context, m jetstream.Msg, ts time.Time, attempt int, seq uint64, settler Settler) *Message {
 	key := c.subs.keyOrSubject(m.Subject())
 	tenant, _, _ := strings.Cut(key, ".") // a key's first token is its tenant
 	id := eventID(TenantID(tenant), m.Headers().Get(HeaderIdempotencyKey))

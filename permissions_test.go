@@ -80,7 +80,9 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	require.NoError(t, err, "publish")
 
 	got := make(chan *Message, 4)
-	w := &worker{core: c, ctx: ctx, durable: c.topo.IngestConsumer}
+	policy, err := newWorkerPolicy(ConsumerConfig{}, c.topo.Partitions)
+	require.NoError(t, err)
+	w := &worker{core: c, ctx: ctx, durable: c.topo.IngestConsumer, policy: policy}
 	stop, failed, err := w.Consume(func(m *Message) error { got <- m; return nil }, 0)
 	require.NoError(t, err, "pull from the durable")
 	defer stop()

@@ -26,14 +26,14 @@ import (
 // one}. After each restart every confirmed event the worker had not acknowledged is
 // delivered, and the budgets and backlog bytes come back as they were.
 
-// workerPolicy is what the worker does with the events before the restart.
-type workerPolicy string
+// restartPolicy is what the worker does with the events before the restart.
+type restartPolicy string
 
 const (
-	policyIdle       workerPolicy = "nothing-delivered" // no worker runs
-	policyHold       workerPolicy = "some-held"         // acks the first third, never settles the rest
-	policyNak        workerPolicy = "some-naked"        // acks the even events, naks the odd ones once, then holds them
-	policyOutOfOrder workerPolicy = "acks-out-of-order" // acks every event but each fifth, so acks run ahead of the floor
+	policyIdle       restartPolicy = "nothing-delivered" // no worker runs
+	policyHold       restartPolicy = "some-held"         // acks the first third, never settles the rest
+	policyNak        restartPolicy = "some-naked"        // acks the even events, naks the odd ones once, then holds them
+	policyOutOfOrder restartPolicy = "acks-out-of-order" // acks every event but each fifth, so acks run ahead of the floor
 )
 
 var (
@@ -48,7 +48,7 @@ var (
 // publish and each confirmed ack through out.
 type restartLoad struct {
 	cycle  int
-	policy workerPolicy
+	policy restartPolicy
 	out    func(kind, id string)
 }
 
@@ -169,7 +169,7 @@ func (r *restartLedger) owed() map[string]bool {
 // restartCell is one column of the matrix for one crash mode.
 type restartCell struct {
 	kill   bool
-	policy workerPolicy
+	policy restartPolicy
 	idle   bool // restart after the history caught up and the broker idled
 }
 
@@ -186,7 +186,7 @@ func (c restartCell) name() string {
 
 func TestEmbeddedNATS_RestartMatrixDeliversEveryUnacknowledgedEventAndKeepsBudgets(t *testing.T) {
 	for _, kill := range []bool{false, true} {
-		for _, policy := range []workerPolicy{policyIdle, policyHold, policyNak, policyOutOfOrder} {
+		for _, policy := range []restartPolicy{policyIdle, policyHold, policyNak, policyOutOfOrder} {
 			for _, idle := range []bool{false, true} {
 				cell := restartCell{kill: kill, policy: policy, idle: idle}
 				t.Run(cell.name(), func(t *testing.T) {
@@ -381,7 +381,7 @@ func TestEmbeddedNATS_RestartMatrixChild(t *testing.T) {
 			require.NoError(t, e.SetMaxBytes(ctx, tenant, restartBudget))
 		}
 	}
-	restartLoad{cycle: cycle, policy: workerPolicy(os.Getenv("MQ_RESTART_CHILD_POLICY")), out: out}.run(ctx, t, e)
+	restartLoad{cycle: cycle, policy: restartPolicy(os.Getenv("MQ_RESTART_CHILD_POLICY")), out: out}.run(ctx, t, e)
 	if idle {
 		waitHistoryCopied(t, e.js, e.topo.HistoryStream, uint64(cycle*restartPerCycle))
 	}

@@ -1,11 +1,11 @@
 package mq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +22,16 @@ const (
 	pullHeartbeat = time.Second
 )
 
+// Worker defaults (see ConsumerConfig).
+const (
+	defaultConcurrency   = 16
+	defaultMaxDeliveries = 10
+	defaultRetryDelay    = time.Second
+	defaultMaxRetryDelay = time.Minute
+	defaultStopTimeout   = 10 * time.Second
+	defaultMemberTimeout = 3 * time.Second
+)
+
 // durable maps a consumer name onto the ingest durable, on an open broker.
 func (c *natsCore) durable(name string) (string, error) {
 	if err := c.checkOpen(); err != nil {
@@ -34,14 +44,69 @@ func (c *natsCore) durable(name string) (string, error) {
 	return durable, nil
 }
 
-// worker is the ingest durable on every partition.
+// workerPolicy is a ConsumerConfig's worker settings with the defaults applied.
+type workerPolicy struct {
+	concurrency   int
+	maxDeliveries int // 0: never park
+	retryDelay    time.Duration
+	maxRetryDelay time.Duration
+	stopTimeout   time.Duration
+	memberTimeout time.Duration
+	claim         []int // the partitions claimed; nil joins the group
+}
+
+// newWorkerPolicy checks cfg's worker settings against a topology of n partitions.
+func newWorkerPolicy(cfg ConsumerConfig, n int) (workerPolicy, error) {
+	bad := func(format string, args ...any) (workerPolicy, error) {
+		return workerPolicy{}, fmt.Errorf("create consumer %q: %w: "+format, append([]any{cfg.Durable, ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case cfg.AckWait < 0, cfg.RetryDelay < 0, cfg.MaxRetryDelay < 0, cfg.StopTimeout < 0, cfg.MemberTimeout < 0:
+		return bad("negative duration (ack wait %s, retry delay %s, max retry delay %s, stop timeout %s, member timeout %s)",
+			cfg.AckWait, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.StopTimeout, cfg.MemberTimeout)
+	case cfg.MaxAckPending < 0, cfg.Concurrency < 0:
+		return bad("negative count (max ack pending %d, concurrency %d)", cfg.MaxAckPending, cfg.Concurrency)
+	}
+	p := workerPolicy{
+		concurrency:   cmp.Or(cfg.Concurrency, defaultConcurrency),
+		maxDeliveries: cmp.Or(cfg.MaxDeliveries, defaultMaxDeliveries),
+		retryDelay:    cmp.Or(cfg.RetryDelay, defaultRetryDelay),
+		maxRetryDelay: cmp.Or(cfg.MaxRetryDelay, defaultMaxRetryDelay),
+		stopTimeout:   cmp.Or(cfg.StopTimeout, defaultStopTimeout),
+		memberTimeout: cmp.Or(cfg.MemberTimeout, defaultMemberTimeout),
+	}
+	if p.maxDeliveries < 0 {
+		p.maxDeliveries = 0
+	}
+	p.maxRetryDelay = max(p.maxRetryDelay, p.retryDelay)
+	if cfg.Partitions != nil {
+		if len(cfg.Partitions) == 0 {
+			return bad("an empty partition claim takes nothing; leave Partitions nil to join the other workers")
+		}
+		for _, q := range cfg.Partitions {
+			if q < 0 || q >= n {
+				return bad("partition %d does not exist (the topology has 0 to %d)", q, n-1)
+			}
+		}
+		p.claim = slices.Clone(cfg.Partitions)
+		slices.Sort(p.claim)
+		if len(slices.Compact(p.claim)) != len(cfg.Partitions) {
+			return bad("partition claim %v names a partition twice", cfg.Partitions)
+		}
+	}
+	return p, nil
+}
+
+// worker is the ingest durable on every partition, as one Consume sees it.
 type worker struct {
 	core    *natsCore
 	ctx     context.Context
 	durable string
+	policy  workerPolicy
 }
 
-// Consume runs one pull per partition, splitting prefetch between them.
+// Consume starts the dispatcher: a pull on each partition of a static claim, or a
+// member of the workers' group that takes its share.
 func (w *worker) Consume(handler Handler, prefetch int) (func(), <-chan error, error) {
 	c := w.core
 	if err := c.checkOpen(); err != nil {
@@ -56,125 +121,136 @@ func (w *worker) Consume(handler Handler, prefetch int) (func(), <-chan error, e
 	if prefetch == 0 {
 		prefetch = c.topo.Prefetch
 	}
-	share := max(1, prefetch/len(c.partitions))
-	d := &delivery{failed: make(chan error, 1)}
-	for _, stream := range c.partitions {
-		if err := d.start(c, w.ctx, stream, w.durable, handler, share); err != nil {
+	d := newDispatcher(c, w.ctx, w.durable, handler, w.policy, max(1, prefetch/len(c.partitions)))
+	d.group = newGroup(d, workersSubject(c.topo.Prefix, w.durable), w.policy.memberTimeout)
+	for _, p := range w.policy.claim {
+		if err := d.take(p); err != nil {
 			d.stop()
 			return nil, nil, err
 		}
+		d.group.owned[p] = true
 	}
-	id, ok := c.track(d.stop)
-	if !ok {
+	if err := d.group.join(); err != nil {
 		d.stop()
+		return nil, nil, err
+	}
+	// Tracked until Close even once stopped: what the handler returned unsettled is
+	// the host's to settle until then, and Close hands it back.
+	if _, ok := c.track(d.close); !ok {
+		d.close()
 		return nil, nil, ErrClosed
 	}
-	return func() { d.stop(); c.untrack(id) }, d.failed, nil
+	return d.stop, d.failed, nil
 }
 
-// delivery is one Consume: a pull per partition and the one report of its end.
-type delivery struct {
-	mu       sync.Mutex
-	stopped  bool
-	reported bool
-	ccs      []jetstream.ConsumeContext
-	failed   chan error
-}
-
-func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable string, handler Handler, share int) error {
+// pull starts partition p's pull for u: the durable's priority group when it has one,
+// so the server pins the partition to one worker at a time.
+func (d *dispatcher) pull(u *unit) error {
+	c := d.core
 	lctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
 	defer cancel()
-	cons, err := c.js.Consumer(lctx, stream, durable)
+	cons, err := c.js.Consumer(lctx, u.stream, d.durable)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("consume: %w: %s on stream %s", ErrConsumerNotFound, durable, stream)
+			return fmt.Errorf("consume: %w: %s on stream %s", ErrConsumerNotFound, d.durable, u.stream)
 		}
-		return c.mapRequestError("consume: "+durable+" on stream "+stream, err)
+		return c.mapRequestError("consume: "+d.durable+" on stream "+u.stream, err)
 	}
-	return d.consume(c, ctx, cons, stream, durable, handler, share)
+	return d.consume(u, cons)
 }
 
-// consume pulls from cons until stop, or until delivery ends on its own.
-func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Consumer, stream, durable string, handler Handler, share int) error {
-	// The client reports errors of several concrete types; atomic.Value would panic
-	// on the second type, so keep a pointer.
-	var lastErr atomic.Pointer[error]
-	var checking atomic.Bool
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		if d.isOver() {
-			// Delivered after stop (the drain lets these through) or after another
-			// partition ended the delivery: hand it back at once rather than leave it
-			// to the ack wait.
-			_ = m.Nak()
-			return
-		}
-		if err := c.handle("worker", handler, c.message(ctx, m, c.settlement(m))); err != nil {
-			_ = m.Nak()
-		}
-	}, jetstream.PullMaxMessages(share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
-		jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
-			lastErr.Store(&err)
-			if d.isStopped() {
-				return
-			}
-			c.log.Warn("mq: ingest consumer reported an error", "stream", stream, "consumer", durable, "error", err)
-			// A durable deleted while no pull was outstanding is never reported as
-			// deleted: measured, the client retries "no responders" and "no
-			// heartbeat" every 2 s for good. Look the durable up, once at a time.
-			if (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat)) && checking.CompareAndSwap(false, true) {
-				go func() {
-					defer checking.Store(false)
-					if gone := c.durableGone(stream, durable); gone != nil {
-						lastErr.Store(&gone)
-						cc.Stop()
-					}
-				}()
-			}
-		}))
-	if err != nil {
-		return c.mapRequestError("consume: "+durable+" on stream "+stream, err)
+// consume pulls cons for u until the release of u, or until the pull ends by itself.
+func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
+	c := d.core
+	cfg := cons.CachedInfo().Config
+	u.ackWait = cfg.AckWait
+	opts := []jetstream.PullConsumeOpt{
+		jetstream.PullMaxMessages(d.share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
+		jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) { d.pullError(u, cc, err) }),
 	}
-	d.mu.Lock()
-	d.ccs = append(d.ccs, cc)
-	d.mu.Unlock()
+	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned && len(cfg.PriorityGroups) > 0 {
+		u.group = cfg.PriorityGroups[0]
+		opts = append(opts, jetstream.PullPriorityGroup(u.group))
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { d.arrive(u, m) }, opts...)
+	if err != nil {
+		return c.mapRequestError("consume: "+d.durable+" on stream "+u.stream, err)
+	}
+	u.cc = cc
 	go func() {
 		<-cc.Closed()
-		err := fmt.Errorf("%w: stream %s consumer %s", ErrDeliveryEnded, stream, durable)
-		if reason := lastErr.Load(); reason != nil {
+		err := fmt.Errorf("%w: stream %s consumer %s", ErrDeliveryEnded, u.stream, d.durable)
+		if reason := u.lastErr.Load(); reason != nil {
 			err = fmt.Errorf("%w: %w", err, *reason)
 		}
-		d.ended(err)
+		d.pullEnded(u, err)
 	}()
 	return nil
+}
+
+// pullError keeps the pull's last error for the report of its end, and finds a
+// durable deleted while no pull was outstanding, which the client never reports as
+// deleted: measured, it retries "no responders" and "no heartbeat" every 2 s for good.
+func (d *dispatcher) pullError(u *unit, cc jetstream.ConsumeContext, err error) {
+	u.lastErr.Store(&err)
+	if d.isOver() || u.isReleasing() {
+		return
+	}
+	d.core.log.Warn("mq: ingest consumer reported an error", "stream", u.stream, "consumer", d.durable, "error", err)
+	if (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat)) && u.checking.CompareAndSwap(false, true) {
+		go func() {
+			defer u.checking.Store(false)
+			if gone := d.core.durableGone(u.stream, d.durable); gone != nil {
+				u.lastErr.Store(&gone)
+				cc.Stop()
+			}
+		}()
+	}
 }
 
 // settlement is how a delivered message settles: through the broker's settler (which
 // may observe it, see natsCore.settler), its failures mapped as every other method's
 // are, so a message held past Close settles with ErrClosed rather than the client's
-// bare "connection closed".
-func (c *natsCore) settlement(m jetstream.Msg) Settler {
-	return settlement{Settler: c.settler(m), core: c, subject: m.Subject()}
+// bare "connection closed". observe, when set, hears of every settle that succeeded.
+func (c *natsCore) settlement(m jetstream.Msg, observe func(settled)) Settler {
+	return settlement{Settler: c.settler(m), core: c, subject: m.Subject(), observe: observe}
 }
+
+// settled is the kind of settle a handler made.
+type settled int
+
+const (
+	settledAck settled = iota
+	settledNak
+)
 
 type settlement struct {
 	Settler
 	core    *natsCore
 	subject string
+	observe func(settled)
 }
 
-func (s settlement) Ack() error { return s.failed("ack", s.Settler.Ack()) }
+func (s settlement) Ack() error { return s.done(settledAck, "ack", s.Settler.Ack()) }
 
 func (s settlement) DoubleAck(ctx context.Context) error {
-	return s.failed("double ack", s.Settler.DoubleAck(ctx))
+	return s.done(settledAck, "double ack", s.Settler.DoubleAck(ctx))
 }
 
-func (s settlement) Nak() error { return s.failed("nak", s.Settler.Nak()) }
+func (s settlement) Nak() error { return s.done(settledNak, "nak", s.Settler.Nak()) }
 
 func (s settlement) NakWithDelay(delay time.Duration) error {
-	return s.failed("nak with delay", s.Settler.NakWithDelay(delay))
+	return s.done(settledNak, "nak with delay", s.Settler.NakWithDelay(delay))
 }
 
 func (s settlement) InProgress() error { return s.failed("in progress", s.Settler.InProgress()) }
+
+func (s settlement) done(kind settled, what string, err error) error {
+	if err == nil && s.observe != nil {
+		s.observe(kind)
+	}
+	return s.failed(what, err)
+}
 
 func (s settlement) failed(what string, err error) error {
 	if err == nil {
@@ -193,52 +269,4 @@ func (c *natsCore) durableGone(stream, durable string) error {
 		return fmt.Errorf("%w: %w", jetstream.ErrConsumerDeleted, err)
 	}
 	return nil
-}
-
-func (d *delivery) isStopped() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.stopped
-}
-
-// isOver reports whether the delivery was stopped or has ended by itself: no handler
-// call may start after either.
-func (d *delivery) isOver() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.stopped || d.reported
-}
-
-// ended reports the end of delivery once, and never after stop.
-func (d *delivery) ended(err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.stopped || d.reported {
-		return
-	}
-	d.reported = true
-	d.failed <- err // buffered for exactly this one report
-	// The whole delivery ends with one partition's: a caller that starts a new Consume
-	// must not end up with two pulls on the other partitions.
-	for _, cc := range d.ccs {
-		cc.Stop()
-	}
-}
-
-func (d *delivery) stop() {
-	d.mu.Lock()
-	if d.stopped {
-		d.mu.Unlock()
-		return
-	}
-	d.stopped = true
-	ccs := d.ccs
-	d.mu.Unlock()
-	// Drain, not Stop: a pull request the server holds keeps delivering until the
-	// unsubscribe reaches it, and a stopped subscription would drop those events into
-	// the void for a whole ack wait (measured: 60 s on the operator's durable). A
-	// drain passes them to the handler, which naks them.
-	for _, cc := range ccs {
-		cc.Drain()
-	}
 }

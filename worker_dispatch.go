@@ -1,0 +1,355 @@
+package mq
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The worker's dispatcher: deliveries from every partition it takes go into one lane
+// per tenant, and a pool of Concurrency goroutines runs the lanes, one handler call per
+// lane at a time. A lane whose event failed is held until that event comes back, so a
+// tenant's order survives retries while other tenants go on.
+
+// keepAlive runs every keepAlivePeriod, or a sixth of the shortest ack wait, never
+// more often than minKeepAlivePeriod.
+const (
+	keepAlivePeriod    = time.Second
+	minKeepAlivePeriod = 20 * time.Millisecond
+)
+
+// dispatcher is one Consume.
+type dispatcher struct {
+	core    *natsCore
+	ctx     context.Context
+	durable string
+	handler Handler
+	policy  workerPolicy
+	share   int    // each pull's batch
+	group   *group // the workers sharing the partitions
+
+	mu       sync.Mutex
+	wake     *sync.Cond // a lane became ready, or the delivery is over
+	lanes    map[TenantID]*lane
+	ready    []*lane
+	units    map[int]*unit
+	given    []*unit // partitions handed over to other workers
+	tries    map[eventRef]*tries
+	stopped  bool // by stop
+	reported bool // ended by itself, reported on failed
+	failed   chan error
+	pool     sync.WaitGroup
+	done     chan struct{} // closed once stop finished
+	endTick  chan struct{}
+	tickOnce sync.Once
+}
+
+// unit is one partition this worker consumes.
+type unit struct {
+	p          int
+	stream     string
+	group      string // the durable's priority group; "" when it has none
+	ackWait    time.Duration
+	cc         jetstream.ConsumeContext
+	lastErr    atomic.Pointer[error] // several concrete types: not an atomic.Value
+	checking   atomic.Bool
+	releasing  atomic.Bool
+	running    int               // handler calls in flight (under dispatcher.mu)
+	idle       chan struct{}     // closed when running drops to 0 while releasing
+	returned   map[uint64]*entry // the handler returned without settling
+	late       []*entry          // arrived while releasing
+	released   bool              // everything held was taken to be handed back
+	handedBack chan struct{}     // closed once release finished
+}
+
+func (u *unit) isReleasing() bool { return u.releasing.Load() }
+
+// lane is one tenant's events held by this worker, in sequence order.
+type lane struct {
+	tenant  TenantID
+	part    int
+	queue   []*entry // waiting for the handler, in sequence order
+	running *entry
+	blocked *entry    // failed and nak'ed with a delay: its next delivery goes first
+	until   time.Time // when to stop waiting for blocked to come back
+	ready   bool      // on dispatcher.ready
+}
+
+// entry is one delivery.
+type entry struct {
+	m        jetstream.Msg
+	settler  Settler // the broker's (budget-aware), without the handler's observer
+	msg      *Message
+	part     int
+	seq      uint64
+	attempt  int
+	naked    bool      // the handler nak'ed it
+	acked    bool      // settled by an ack: by the handler or by a park
+	extended time.Time // when keepAlive last extended its ack wait
+	ackWait  time.Duration
+}
+
+// tries is what this worker saw of one event's attempts, kept until it is settled.
+type tries struct {
+	first, last time.Time
+	lastErr     string
+}
+
+func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Handler, policy workerPolicy, share int) *dispatcher {
+	d := &dispatcher{
+		core: c, ctx: ctx, durable: durable, handler: handler, policy: policy, share: share,
+		lanes:   map[TenantID]*lane{},
+		units:   map[int]*unit{},
+		tries:   map[eventRef]*tries{},
+		failed:  make(chan error, 1),
+		done:    make(chan struct{}),
+		endTick: make(chan struct{}),
+	}
+	d.wake = sync.NewCond(&d.mu)
+	d.pool.Add(policy.concurrency)
+	for range policy.concurrency {
+		go d.runLanes()
+	}
+	go d.keepAlive()
+	return d
+}
+
+// take starts consuming partition p.
+func (d *dispatcher) take(p int) error {
+	u := d.newUnit(p)
+	if err := d.pull(u); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	if d.over() {
+		// Stopped meanwhile: stop has taken its list of partitions.
+		d.mu.Unlock()
+		d.release(u, time.Now().Add(d.policy.stopTimeout))
+		return ErrClosed
+	}
+	d.units[p] = u
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *dispatcher) newUnit(p int) *unit {
+	return &unit{p: p, stream: d.core.partitions[p], returned: map[uint64]*entry{},
+		idle: make(chan struct{}), handedBack: make(chan struct{})}
+}
+
+// isOver reports whether the delivery was stopped or has ended by itself: no handler
+// call may start after either.
+func (d *dispatcher) isOver() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.over()
+}
+
+func (d *dispatcher) over() bool { return d.stopped || d.reported }
+
+// arrive files a delivery into its tenant's lane.
+func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
+	e := &entry{m: m, settler: d.core.settler(m), part: u.p, ackWait: u.ackWait}
+	var ts time.Time
+	if meta, err := m.Metadata(); err == nil {
+		e.seq, e.attempt, ts = meta.Sequence.Stream, int(meta.NumDelivered), meta.Timestamp
+	}
+	e.msg = d.core.delivered(d.ctx, m, ts, e.attempt, e.seq, settlement{
+		Settler: e.settler, core: d.core, subject: m.Subject(),
+		observe: func(kind settled) { d.observe(u, e, kind) },
+	})
+	tenant, _, _ := strings.Cut(e.msg.key, ".") // a key's first token is its tenant
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.over() || u.releasing.Load() {
+		if u.released || d.reported {
+			// Nothing will hand it back later: at once, so it is not left to the ack
+			// wait.
+			go func() { _ = m.Nak() }()
+			return
+		}
+		u.late = append(u.late, e)
+		return
+	}
+	if old := u.returned[e.seq]; old != nil {
+		delete(u.returned, e.seq) // redelivered while its handler holds it: at least once
+	}
+	l := d.lanes[TenantID(tenant)]
+	if l == nil {
+		l = &lane{tenant: TenantID(tenant), part: u.p}
+		d.lanes[l.tenant] = l
+	}
+	switch {
+	case l.running != nil && l.running.seq == e.seq:
+		return // the ack wait ran out under a long call; it comes back if that call fails
+	case l.blocked != nil && l.blocked.seq == e.seq:
+		l.blocked = nil
+	}
+	l.insert(e)
+	d.schedule(l)
+}
+
+// insert puts e into the queue in sequence order, replacing an earlier delivery of the
+// same event (its ack wait ran out while it waited).
+func (l *lane) insert(e *entry) {
+	i, found := slices.BinarySearchFunc(l.queue, e.seq, func(q *entry, seq uint64) int {
+		switch {
+		case q.seq < seq:
+			return -1
+		case q.seq > seq:
+			return 1
+		}
+		return 0
+	})
+	if found {
+		l.queue[i] = e
+		return
+	}
+	l.queue = slices.Insert(l.queue, i, e)
+}
+
+// schedule puts l on the ready list when it has work and nothing holds it.
+func (d *dispatcher) schedule(l *lane) {
+	if l.ready || l.running != nil || l.blocked != nil || len(l.queue) == 0 {
+		return
+	}
+	if u := d.units[l.part]; u != nil && u.releasing.Load() {
+		return
+	}
+	l.ready = true
+	d.ready = append(d.ready, l)
+	d.wake.Signal()
+}
+
+// runLanes is one of the pool's goroutines.
+func (d *dispatcher) runLanes() {
+	defer d.pool.Done()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		for len(d.ready) == 0 && !d.over() {
+			d.wake.Wait()
+		}
+		if d.over() {
+			return
+		}
+		l := d.ready[0]
+		d.ready = d.ready[1:]
+		l.ready = false
+		u := d.units[l.part]
+		if u == nil || u.releasing.Load() || len(l.queue) == 0 {
+			continue
+		}
+		e := l.queue[0]
+		l.queue = l.queue[1:]
+		l.running = e
+		u.running++
+		t := d.tries[eventRef{e.part, e.seq}]
+		if t == nil {
+			t = &tries{first: time.Now()}
+			d.tries[eventRef{e.part, e.seq}] = t
+		}
+		t.last = time.Now()
+		d.mu.Unlock()
+		hold := d.run(e, t)
+		d.mu.Lock()
+		l.running = nil
+		u.running--
+		if hold {
+			l.blocked = e
+			l.until = time.Now().Add(d.retryDelay(e) + u.ackWait + d.core.topo.PublishTimeout)
+		} else if !e.acked && !e.naked {
+			u.returned[e.seq] = e
+		}
+		if e.acked {
+			delete(d.tries, eventRef{e.part, e.seq})
+		}
+		if u.running == 0 && u.releasing.Load() {
+			close(u.idle)
+		}
+		d.schedule(l)
+		if l.running == nil && l.blocked == nil && len(l.queue) == 0 {
+			delete(d.lanes, l.tenant)
+		}
+	}
+}
+
+// observe hears of a settle the handler made, during its call or after.
+func (d *dispatcher) observe(u *unit, e *entry, kind settled) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch kind {
+	case settledAck:
+		e.acked = true
+		delete(d.tries, eventRef{e.part, e.seq})
+	case settledNak:
+		e.naked = true
+	}
+	if u.returned[e.seq] == e {
+		delete(u.returned, e.seq)
+	}
+}
+
+// keepAlive tells the server every AckWait/3 that the events waiting in a lane are
+// still being worked on, so a tenant held by a retry or by a slow call does not see
+// them redelivered behind its back; and it stops waiting for a failed event that did
+// not come back in time (another worker took it), so its lane goes on.
+func (d *dispatcher) keepAlive() {
+	tick := time.NewTicker(keepAlivePeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-d.endTick:
+			return
+		case <-tick.C:
+		}
+		var waiting []*entry
+		d.mu.Lock()
+		period := keepAlivePeriod
+		for _, u := range d.units {
+			if u.ackWait > 0 {
+				period = min(period, max(u.ackWait/6, minKeepAlivePeriod))
+			}
+		}
+		tick.Reset(period)
+		now := time.Now()
+		for _, l := range d.lanes {
+			if l.blocked != nil && now.After(l.until) {
+				d.core.log.Warn("mq: a retried event did not come back; its tenant goes on",
+					"stream", d.core.partitions[l.part], "seq", l.blocked.seq, "tenant", l.tenant)
+				l.blocked = nil
+				d.schedule(l)
+			}
+			for _, e := range l.queue {
+				if u := d.units[e.part]; u != nil && d.due(u, e, now) {
+					waiting = append(waiting, e)
+				}
+			}
+		}
+		d.mu.Unlock()
+		for _, e := range waiting {
+			_ = e.m.InProgress()
+		}
+	}
+}
+
+// due reports whether e, waiting in a lane, needs its ack wait extended now: it was
+// delivered (or last extended) a third of the ack wait ago.
+func (d *dispatcher) due(u *unit, e *entry, now time.Time) bool {
+	wait := cmp.Or(u.ackWait, d.core.topo.AckWait)
+	if e.extended.IsZero() {
+		e.extended = now
+		return false
+	}
+	if now.Sub(e.extended) < wait/3 {
+		return false
+	}
+	e.extended = now
+	return true
+}

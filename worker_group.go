@@ -1,0 +1,356 @@
+package mq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+)
+
+// The workers' group: every Consume without a static claim is a member. Members say
+// which partitions they hold in a heartbeat on a core NATS subject, and each computes
+// the same spread of the partitions over the live members, so each takes its share and
+// gives up what is no longer its own. The heartbeats only balance: exclusivity is the
+// server's, since the ingest durable pins each partition to one puller at a time.
+//
+// A partition changes hands in order. A member gives one up by handing back all it
+// holds of it, in sequence order, and then unpinning it; the next owner takes it once
+// a heartbeat shows it released. A member that falls silent for MemberTimeout is gone;
+// its partitions are taken at once when nothing of them is unsettled, or else one ack
+// wait after it fell silent, when every event it held has come back to the server
+// ahead of anything later of its tenants.
+
+// workersSubject is the core NATS subject of the heartbeats of durable's workers.
+func workersSubject(prefix, durable string) string { return prefix + ".workers." + durable }
+
+// beat is one member's heartbeat.
+type beat struct {
+	ID      string `json:"id"`
+	Owned   []int  `json:"owned,omitempty"`
+	Claim   []int  `json:"claim,omitempty"` // a static claim: never spread to others
+	Leaving bool   `json:"leaving,omitempty"`
+}
+
+// peer is what a member knows of another.
+type peer struct {
+	beat
+	seen time.Time
+}
+
+// group is one member's view, driving its dispatcher.
+type group struct {
+	d       *dispatcher
+	subject string
+	self    string
+	timeout time.Duration
+
+	mu        sync.Mutex
+	peers     map[string]*peer
+	owned     map[int]bool      // taken by this member, pull running
+	moving    map[int]bool      // being taken or given up
+	released  map[int]bool      // seen given up cleanly, since last taken
+	orphaned  map[int]time.Time // held by a member that fell silent, since then
+	sub       *nats.Subscription
+	end       chan struct{}
+	ended     chan struct{}
+	wg        sync.WaitGroup
+	haltOnce  sync.Once
+	leaveOnce sync.Once
+	echoed    atomic.Bool // heard its own heartbeat
+}
+
+func newGroup(d *dispatcher, subject string, timeout time.Duration) *group {
+	return &group{
+		d: d, subject: subject, self: nuid.Next(), timeout: timeout,
+		peers: map[string]*peer{}, owned: map[int]bool{}, moving: map[int]bool{},
+		released: map[int]bool{}, orphaned: map[int]time.Time{},
+		end: make(chan struct{}), ended: make(chan struct{}),
+	}
+}
+
+// join starts hearing the others and beating. The first spread waits joinWait, so a
+// member that joins hears the others (they answer a newcomer at once) before it takes
+// anything; a static claim takes its partitions itself and only beats.
+func (g *group) join() error {
+	sub, err := g.d.core.nc.Subscribe(g.subject, g.hear)
+	if err != nil {
+		return g.d.core.mapRequestError("consume: join the workers on "+g.subject, err)
+	}
+	g.sub = sub
+	g.send(false)
+	go g.loop()
+	return nil
+}
+
+// joinWait is how long a joining member listens before its first spread: the others
+// answer its first heartbeat at once, over loopback or a LAN within milliseconds. One
+// it missed is heard at the next beat, and until then the partition's pin keeps the two
+// from both consuming it.
+const joinWait = 200 * time.Millisecond
+
+func (g *group) interval() time.Duration { return g.timeout / 3 }
+
+func (g *group) loop() {
+	defer close(g.ended)
+	first := time.NewTimer(min(joinWait, g.interval()))
+	defer first.Stop()
+	tick := time.NewTicker(g.interval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-g.end:
+			return
+		case <-first.C:
+			if !g.echoed.Load() {
+				// Its own heartbeat did not come back: the others cannot hear it
+				// either, and each would take every partition for itself.
+				g.d.core.log.Error("mq: the worker does not hear its own heartbeat; several workers would consume the same partitions. "+
+					"Check that the user may publish and subscribe to the subject", "subject", g.subject)
+			}
+			g.rebalance()
+			continue
+		case <-tick.C:
+		}
+		g.send(false)
+		g.rebalance()
+	}
+}
+
+// hear files another member's heartbeat; a member it did not know yet hears this one's
+// at once, so a joining member learns the group within a round trip.
+func (g *group) hear(m *nats.Msg) {
+	var b beat
+	if err := json.Unmarshal(m.Data, &b); err != nil || b.ID == "" {
+		return
+	}
+	if b.ID == g.self {
+		g.echoed.Store(true)
+		return
+	}
+	g.mu.Lock()
+	old := g.peers[b.ID]
+	if b.Leaving {
+		delete(g.peers, b.ID)
+	} else {
+		g.peers[b.ID] = &peer{beat: b, seen: time.Now()}
+	}
+	if old != nil {
+		for _, p := range old.Owned {
+			if !slices.Contains(b.Owned, p) {
+				g.released[p] = true
+				delete(g.orphaned, p)
+			}
+		}
+	}
+	newcomer := old == nil && !b.Leaving
+	g.mu.Unlock()
+	if newcomer {
+		g.send(false)
+	}
+	if b.Leaving || newcomer || (old != nil && !slices.Equal(old.Owned, b.Owned)) {
+		go g.rebalance()
+	}
+}
+
+// send publishes this member's heartbeat.
+func (g *group) send(leaving bool) {
+	g.mu.Lock()
+	b := beat{ID: g.self, Leaving: leaving, Claim: g.d.policy.claim}
+	for p := range g.owned {
+		b.Owned = append(b.Owned, p)
+	}
+	g.mu.Unlock()
+	slices.Sort(b.Owned)
+	data, err := json.Marshal(b)
+	if err == nil {
+		_ = g.d.core.nc.Publish(g.subject, data)
+	}
+}
+
+// spread is the partitions this member should hold: those no live static claim
+// holds, dealt round-robin over the live members in id order.
+func (g *group) spread(now time.Time) []int {
+	claimed := map[int]bool{}
+	members := []string{g.self}
+	for id, p := range g.peers {
+		if now.Sub(p.seen) > g.timeout {
+			continue
+		}
+		for _, q := range p.Claim {
+			claimed[q] = true
+		}
+		if p.Claim == nil {
+			members = append(members, id)
+		}
+	}
+	slices.Sort(members)
+	me := slices.Index(members, g.self)
+	var mine []int
+	i := 0
+	for p := range g.d.core.partitions {
+		if claimed[p] {
+			continue
+		}
+		if i%len(members) == me {
+			mine = append(mine, p)
+		}
+		i++
+	}
+	return mine
+}
+
+// rebalance gives up what is no longer this member's and takes what is, once its
+// previous holder let it go.
+func (g *group) rebalance() {
+	if g.d.isOver() || g.d.policy.claim != nil {
+		return
+	}
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.end: // halted: halt waits only for what started before
+		return
+	default:
+	}
+	heldBy := map[int]bool{} // partitions a live member says it holds
+	for id, p := range g.peers {
+		if now.Sub(p.seen) > g.timeout {
+			for _, q := range p.Owned {
+				if _, ok := g.orphaned[q]; !ok {
+					g.orphaned[q] = p.seen
+				}
+			}
+			delete(g.peers, id)
+			continue
+		}
+		for _, q := range p.Owned {
+			heldBy[q] = true
+		}
+	}
+	want := g.spread(now)
+	var give, take []int
+	for p := range g.owned {
+		if !slices.Contains(want, p) && !g.moving[p] {
+			give = append(give, p)
+		}
+	}
+	var orphans []int
+	for _, p := range want {
+		if g.owned[p] || g.moving[p] || heldBy[p] {
+			continue
+		}
+		if _, ok := g.orphaned[p]; ok && !g.released[p] {
+			orphans = append(orphans, p)
+			continue
+		}
+		take = append(take, p)
+	}
+	for _, p := range append(append(give, take...), orphans...) {
+		g.moving[p] = true
+	}
+	since := maps.Clone(g.orphaned)
+	for _, p := range give {
+		g.wg.Go(func() { g.giveUp(p) })
+	}
+	for _, p := range take {
+		g.wg.Go(func() { g.takeUp(p) })
+	}
+	for _, p := range orphans {
+		g.wg.Go(func() {
+			if g.settledSince(p, since[p], now) {
+				g.takeUp(p)
+				return
+			}
+			g.mu.Lock()
+			delete(g.moving, p)
+			g.mu.Unlock()
+		})
+	}
+}
+
+// settledSince reports whether partition p, orphaned since then, may be taken now:
+// nothing of it is unsettled, or an ack wait has passed, so what the silent member
+// held is back on the server ahead of everything later. It asks the server, bounded.
+func (g *group) settledSince(p int, since, now time.Time) bool {
+	c := g.d.core
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
+	defer cancel()
+	cons, err := c.js.Consumer(ctx, c.partitions[p], g.d.durable)
+	if err != nil {
+		return false
+	}
+	info := cons.CachedInfo()
+	return info.NumAckPending == 0 || now.Sub(since) > info.Config.AckWait
+}
+
+func (g *group) takeUp(p int) {
+	err := g.d.take(p)
+	g.mu.Lock()
+	delete(g.moving, p)
+	if err == nil {
+		g.owned[p] = true
+		delete(g.released, p)
+		delete(g.orphaned, p)
+	}
+	g.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrConsumerNotFound):
+		// The durable is gone: the delivery ends, as it does when a running pull
+		// learns of it.
+		g.d.ended(fmt.Errorf("%w: stream %s consumer %s: %w: %w", ErrDeliveryEnded,
+			g.d.core.partitions[p], g.d.durable, jetstream.ErrConsumerDeleted, err))
+	case err != nil:
+		g.d.core.log.Warn("mq: cannot take a partition; trying again", "stream", g.d.core.partitions[p], "error", err)
+	default:
+		g.send(false)
+	}
+}
+
+func (g *group) giveUp(p int) {
+	g.d.give(p)
+	g.mu.Lock()
+	delete(g.moving, p)
+	delete(g.owned, p)
+	g.mu.Unlock()
+	g.send(false)
+}
+
+// halt stops the spreading and waits for the takes and give-ups under way, so the
+// dispatcher's stop sees every partition this member took.
+func (g *group) halt() {
+	g.haltOnce.Do(func() {
+		g.mu.Lock()
+		close(g.end)
+		g.mu.Unlock()
+		<-g.ended
+		g.wg.Wait()
+	})
+}
+
+// leave ends the membership once the dispatcher handed everything back: a last
+// heartbeat says so, and the others take the partitions at once.
+func (g *group) leave() {
+	g.halt()
+	g.leaveOnce.Do(func() {
+		if g.sub != nil {
+			_ = g.sub.Unsubscribe()
+		}
+		g.mu.Lock()
+		clear(g.owned)
+		g.mu.Unlock()
+		g.send(true)
+		ctx, cancel := context.WithTimeout(context.Background(), g.d.core.topo.PublishTimeout)
+		defer cancel()
+		_ = g.d.core.nc.FlushWithContext(ctx)
+	})
+}

@@ -1,0 +1,125 @@
+package mq
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The worker's poison policy: a failed event is nak'ed with a delay that doubles with
+// each attempt, and after MaxDeliveries the broker parks it on the dead-letter queue
+// with the reason in its headers, then acknowledges it.
+
+// maxDeadErrorLen caps HeaderDeadError: the handler's error is the host's text and may
+// be long; the header is for an operator's first look.
+const maxDeadErrorLen = 1024
+
+// run makes one attempt at e and reports whether its lane must wait for e to come
+// back: it failed and was nak'ed, or the handler nak'ed it.
+func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
+	// An event delivered beyond MaxDeliveries that never failed here (its handler
+	// returned without settling, the ack wait ran out, or a process died in it) is
+	// still handed to the handler: only a failure proves it poison, and a host that
+	// holds events for a batch must not find them parked. Message.Attempt tells the
+	// handler how often it came.
+	err := d.core.handle("worker", d.handler, e.msg)
+	if err == nil {
+		return e.naked
+	}
+	t.lastErr = err.Error()
+	switch {
+	case e.acked:
+		return false // the handler settled it and still failed: nothing to retry
+	case e.naked:
+		return true
+	case d.policy.maxDeliveries > 0 && e.attempt >= d.policy.maxDeliveries:
+		return d.giveUp(e, t)
+	}
+	if err := e.m.NakWithDelay(d.retryDelay(e)); err != nil {
+		d.core.log.Warn("mq: cannot nak a failed event; the ack wait redelivers it",
+			"stream", d.core.partitions[e.part], "seq", e.seq, "error", err)
+	}
+	return true
+}
+
+// retryDelay is the wait after e's delivery failed: RetryDelay doubled per earlier
+// attempt, at most MaxRetryDelay and never beyond the durable's ack wait, so a failed
+// event is back before anything its tenant held behind it would be.
+func (d *dispatcher) retryDelay(e *entry) time.Duration {
+	delay := d.policy.retryDelay
+	for i := 1; i < e.attempt && delay < d.policy.maxRetryDelay; i++ {
+		delay *= 2
+	}
+	delay = min(delay, d.policy.maxRetryDelay)
+	if e.ackWait > 0 {
+		delay = min(delay, e.ackWait)
+	}
+	return delay
+}
+
+// giveUp parks e, with why, and acknowledges it. When the park fails the event
+// is nak'ed for the longest retry delay and tried again then, so nothing is lost.
+func (d *dispatcher) giveUp(e *entry, t *tries) (hold bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout*(publishRetries+1))
+	defer cancel()
+	if err := d.core.deadLetter(ctx, e.msg, d.parkHeaders(e, t)); err != nil {
+		d.core.log.Error("mq: cannot park a poison event; it is retried", "stream", d.core.partitions[e.part],
+			"seq", e.seq, "attempt", e.attempt, "error", err)
+		_ = e.m.NakWithDelay(d.retryDelay(e))
+		return true
+	}
+	d.core.log.Warn("mq: parked a poison event on the dead-letter queue", "stream", d.core.partitions[e.part],
+		"seq", e.seq, "attempt", e.attempt, "topic", e.msg.key, "error", t.lastErr)
+	if err := e.settler.Ack(); err != nil {
+		// Parked but still pending: it comes back, and its park's idempotency key
+		// keeps it from being parked twice within the duplicate window.
+		d.core.log.Warn("mq: cannot acknowledge a parked event", "stream", d.core.partitions[e.part], "seq", e.seq, "error", err)
+		return false
+	}
+	d.mu.Lock()
+	e.acked = true
+	d.mu.Unlock()
+	return false
+}
+
+// parkHeaders are the options that say why e was parked.
+func (d *dispatcher) parkHeaders(e *entry, t *tries) []PublishOpt {
+	first, last := t.first, t.last
+	if first.IsZero() {
+		first, last = time.Now(), time.Now()
+	}
+	opts := []PublishOpt{
+		WithHeader(HeaderDeadReason, DeadReasonHandlerFailed),
+		WithHeader(HeaderDeadAttempts, strconv.Itoa(e.attempt)),
+		WithHeader(HeaderDeadPartition, strconv.Itoa(e.part)),
+		WithHeader(HeaderDeadSequence, strconv.FormatUint(e.seq, 10)),
+		WithHeader(HeaderDeadFirstAttempt, first.UTC().Format(time.RFC3339Nano)),
+		WithHeader(HeaderDeadLastAttempt, last.UTC().Format(time.RFC3339Nano)),
+		// One park per event, even when the park or its ack is retried.
+		WithIdempotencyKey(fmt.Sprintf("mq-park.%d.%d.%s", e.part, e.seq, e.msg.ID)),
+	}
+	return append(opts, WithHeader(HeaderDeadError, oneLine(t.lastErr, maxDeadErrorLen)))
+}
+
+// oneLine makes s a header value: control characters become spaces, and it is cut to
+// at most n bytes on a rune boundary.
+func oneLine(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !isRuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }

@@ -1,0 +1,240 @@
+package mq
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"time"
+)
+
+// The worker's end: a graceful stop, and a partition given up (at stop, on a
+// handover, or when its pull ended by itself). Everything the worker holds of a
+// partition goes back to the server unsettled and in sequence order, so the next
+// worker has it at once, in order, rather than after the ack wait.
+
+// stop ends the delivery: no handler call begins after it is called; it waits up to
+// StopTimeout for the calls in flight, then hands back every partition. A second call
+// waits for the first to finish.
+func (d *dispatcher) stop() {
+	d.mu.Lock()
+	if d.stopped {
+		d.mu.Unlock()
+		<-d.done
+		return
+	}
+	d.stopped = true
+	d.wake.Broadcast()
+	d.mu.Unlock()
+	d.leave(time.Now().Add(d.policy.stopTimeout))
+	close(d.done)
+}
+
+// leave hands back every partition and leaves the group.
+func (d *dispatcher) leave(deadline time.Time) {
+	if d.group != nil {
+		d.group.halt()
+	}
+	d.mu.Lock()
+	units := d.unitList()
+	d.mu.Unlock()
+	d.releaseAll(units, deadline)
+	if d.group != nil {
+		d.group.leave()
+	}
+	d.endTicks()
+}
+
+// give hands partition p back, for another worker to take.
+func (d *dispatcher) give(p int) {
+	d.mu.Lock()
+	u := d.units[p]
+	d.mu.Unlock()
+	if u == nil {
+		return
+	}
+	d.release(u, time.Now().Add(d.policy.stopTimeout))
+	d.mu.Lock()
+	if d.units[p] == u {
+		delete(d.units, p)
+		d.given = append(d.given, u)
+	}
+	d.mu.Unlock()
+}
+
+// close is stop at the broker's Close: a message a handler returned without settling
+// can no longer be settled once the connection closes, so it goes back too, rather
+// than wait for the ack wait.
+func (d *dispatcher) close() {
+	d.stop()
+	d.mu.Lock()
+	var held []*entry
+	for _, u := range append(d.unitList(), d.given...) {
+		for _, e := range u.returned {
+			held = append(held, e)
+		}
+		clear(u.returned)
+	}
+	d.mu.Unlock()
+	slices.SortFunc(held, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
+	for _, e := range held {
+		_ = e.m.Nak()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout)
+	defer cancel()
+	_ = d.core.nc.FlushWithContext(ctx)
+}
+
+// unitList is every partition taken, under d.mu.
+func (d *dispatcher) unitList() []*unit {
+	units := make([]*unit, 0, len(d.units))
+	for _, u := range d.units {
+		units = append(units, u)
+	}
+	return units
+}
+
+func (d *dispatcher) releaseAll(units []*unit, deadline time.Time) {
+	var wg sync.WaitGroup
+	for _, u := range units {
+		wg.Go(func() { d.release(u, deadline) })
+	}
+	wg.Wait()
+}
+
+func (d *dispatcher) endTicks() { d.tickOnce.Do(func() { close(d.endTick) }) }
+
+// pullEnded is told when partition u's pull closed. Unless the worker closed it, the
+// whole delivery ends with it: a caller that starts a new Consume must not end up
+// with two pulls on the other partitions.
+func (d *dispatcher) pullEnded(u *unit, err error) {
+	if u.isReleasing() {
+		return
+	}
+	d.ended(err)
+}
+
+// ended ends the delivery on its own and reports err, once, unless stop came first.
+func (d *dispatcher) ended(err error) {
+	d.mu.Lock()
+	if d.over() {
+		d.mu.Unlock()
+		return
+	}
+	d.reported = true
+	d.failed <- err // buffered for exactly this one report
+	d.wake.Broadcast()
+	d.mu.Unlock()
+	go d.leave(time.Now().Add(d.policy.stopTimeout))
+}
+
+// release gives partition u up: its pull drains, the calls in flight finish (until
+// deadline), and everything held of it is nak'ed in sequence order; then its pin is
+// released, so the next worker's pull is served at once. A second release of u waits
+// for the first.
+func (d *dispatcher) release(u *unit, deadline time.Time) {
+	d.mu.Lock()
+	if u.releasing.Swap(true) {
+		d.mu.Unlock()
+		<-u.handedBack
+		return
+	}
+	if u.running == 0 {
+		close(u.idle)
+	}
+	d.mu.Unlock()
+	defer close(u.handedBack)
+	if u.cc != nil {
+		// Drain, not Stop: a pull the server holds keeps delivering until the
+		// unsubscribe reaches it, and a stopped subscription would drop those events
+		// into the void for a whole ack wait. Drained ones arrive as late and go back
+		// with the rest.
+		u.cc.Drain()
+		select {
+		case <-u.cc.Closed():
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+	select {
+	case <-u.idle:
+	case <-time.After(time.Until(deadline)):
+		d.core.log.Warn("mq: handler calls still running at the stop timeout; their events are left to the ack wait",
+			"stream", u.stream, "consumer", d.durable)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout)
+	defer cancel()
+	// The server must have dropped the pull's interest before the naks: it would
+	// redeliver to a pull request it still holds, into the void until the ack wait.
+	_ = d.core.nc.FlushWithContext(ctx)
+	held, delayed := d.takeHeld(u)
+	for _, e := range held {
+		var err error
+		if delayed[e] {
+			// Already nak'ed with a delay, which the client will not repeat; a plain
+			// nak on the same delivery puts it back on the server's redelivery queue
+			// now, ahead of its tenant's later events.
+			err = d.core.nc.Publish(e.m.Reply(), []byte("-NAK"))
+		} else {
+			err = e.m.Nak()
+		}
+		if err != nil {
+			d.core.log.Debug("mq: cannot hand back an event; the ack wait redelivers it", "stream", u.stream, "seq", e.seq, "error", err)
+		}
+	}
+	_ = d.core.nc.FlushWithContext(ctx)
+	if u.group != "" && !d.core.nc.IsClosed() {
+		d.unpin(ctx, u)
+	}
+}
+
+// takeHeld removes everything the worker holds of partition u, in sequence order, and
+// reports which of it was already nak'ed with a delay. What a handler returned
+// without settling stays the host's to settle, until Close (handBackReturned).
+func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var held []*entry
+	delayed := map[*entry]bool{}
+	for t, l := range d.lanes {
+		if l.part != u.p {
+			continue
+		}
+		held = append(held, l.queue...)
+		if l.blocked != nil {
+			held = append(held, l.blocked)
+			delayed[l.blocked] = true
+		}
+		if l.running == nil {
+			delete(d.lanes, t)
+		} else {
+			l.queue, l.blocked = nil, nil
+		}
+	}
+	held = append(held, u.late...)
+	u.late, u.released = nil, true
+	// The latest delivery of an event is the one whose reply the server honours.
+	latest := make(map[uint64]*entry, len(held))
+	for _, e := range held {
+		if o := latest[e.seq]; o == nil || e.attempt >= o.attempt {
+			latest[e.seq] = e
+		}
+	}
+	held = held[:0]
+	for _, e := range latest {
+		held = append(held, e)
+	}
+	slices.SortFunc(held, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
+	return held, delayed
+}
+
+// unpin lets the server pin u's partition to the next worker now rather than after the
+// pinned TTL.
+func (d *dispatcher) unpin(ctx context.Context, u *unit) {
+	stream, err := d.core.js.Stream(ctx, u.stream)
+	if err == nil {
+		err = stream.UnpinConsumer(ctx, d.durable, u.group)
+	}
+	if err != nil {
+		d.core.log.Debug("mq: cannot unpin a released partition; the pinned TTL frees it", "stream", u.stream, "error", err)
+	}
+}
