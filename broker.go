@@ -393,9 +393,11 @@ type Consumer interface {
 	// tenant moves on. Settling a message after its call returned holds nothing.
 	//
 	// stop ends delivery: no handler call begins once it was called; it waits up to
-	// StopTimeout for the calls in flight, then hands back every event the worker
-	// still holds, unsettled, in order, so the next worker gets them at once. It is
-	// safe to call more than once. failed carries exactly one error wrapping
+	// StopTimeout for the calls in flight, then hands back, unsettled and in order,
+	// every event the worker holds that no handler was given (queued behind a held
+	// tenant, or waiting for its retry), so the next worker gets them at once. What a
+	// handler returned without settling stays the caller's to settle; Close hands it
+	// back. It is safe to call more than once. failed carries exactly one error wrapping
 	// ErrDeliveryEnded if delivery ends on its own, and nothing once stop was called.
 	Consume(handler Handler, prefetch int) (stop func(), failed <-chan error, err error)
 }

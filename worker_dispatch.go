@@ -155,7 +155,7 @@ func (d *dispatcher) over() bool { return d.stopped || d.reported }
 
 // arrive files a delivery into its tenant's lane.
 func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
-	e := &entry{m: m, settler: d.core.settler(m), part: u.p, ackWait: u.ackWait}
+	e := &entry{m: m, settler: d.core.settler(m), part: u.p, ackWait: u.ackWait, extended: time.Now()}
 	var ts time.Time
 	if meta, err := m.Metadata(); err == nil {
 		e.seq, e.attempt, ts = meta.Sequence.Stream, int(meta.NumDelivered), meta.Timestamp
@@ -343,10 +343,6 @@ func (d *dispatcher) keepAlive() {
 // delivered (or last extended) a third of the ack wait ago.
 func (d *dispatcher) due(u *unit, e *entry, now time.Time) bool {
 	wait := cmp.Or(u.ackWait, d.core.topo.AckWait)
-	if e.extended.IsZero() {
-		e.extended = now
-		return false
-	}
 	if now.Sub(e.extended) < wait/3 {
 		return false
 	}

@@ -222,6 +222,7 @@ func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
 	held = held[:0]
 	for _, e := range latest {
 		held = append(held, e)
+		delete(d.tries, eventRef{e.part, e.seq}) // the next worker keeps its own count
 	}
 	slices.SortFunc(held, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
 	return held, delayed
