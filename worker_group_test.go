@@ -47,7 +47,7 @@ func (l *groupLedger) handler(name string) Handler {
 		c := groupCall{worker: name, tenant: m.Topic().Tenant, start: time.Now()}
 		_, idx, _ := strings.Cut(string(m.Data), ":")
 		c.index, _ = strconv.Atoi(idx)
-		time.Sleep(time.Millisecond) // a write
+		time.Sleep(3 * time.Millisecond) // a write: slower than the publisher, so each worker holds a backlog
 		c.acked = m.Ack() == nil
 		c.end = time.Now()
 		l.mu.Lock()
@@ -175,7 +175,7 @@ func groupScenario(t *testing.T, ackWait time.Duration, pub Broker, budget func(
 				return
 			}
 			published.Store(data, true)
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(time.Millisecond)
 		}
 	}()
 
@@ -270,21 +270,49 @@ func groupScenario(t *testing.T, ackWait time.Duration, pub Broker, budget func(
 
 func TestEmbeddedNATS_WorkersShareThePartitionsAndKeepEachTenantsOrderAcrossHandovers(t *testing.T) {
 	e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.ListenAddr = "127.0.0.1:0" })
+	// The workers attach as ExternalNATS, which never changes the durable: the
+	// embedded broker sets its short ack wait.
+	_, err := e.CreateConsumer(testCtx(t), ConsumerConfig{AckWait: 5 * time.Second})
+	require.NoError(t, err)
 	// A short ack wait: a killed worker's partition with events in flight waits one.
 	groupScenario(t, 5*time.Second, e, func(id TenantID) { require.NoError(t, e.SetMaxBytes(testCtx(t), id, 64<<20)) },
 		func(t *testing.T, name string) (Broker, func()) {
-			w, err := NewNATS(t.Context(), NATSConfig{URLs: []string{e.ClientURL()}, TopologyWait: 10 * time.Second, Logger: quietLog})
+			w, err := NewNATS(t.Context(), NATSConfig{NATSTopology: NATSTopology{AckWait: 5 * time.Second}, URLs: []string{e.ClientURL()}, TopologyWait: 10 * time.Second, Logger: quietLog})
 			require.NoError(t, err, "worker %s", name)
 			t.Cleanup(func() { _ = w.Close() })
 			return w, func() { w.nc.Close() }
 		})
 }
 
-func TestExternalNATS_WorkersShareThePartitionsAndKeepEachTenantsOrderAcrossHandovers(t *testing.T) {
-	f := newExternalFixture(t)
-	pub := f.broker(t)
-	groupScenario(t, time.Minute, pub, func(TenantID) {}, func(t *testing.T, name string) (Broker, func()) {
-		w := f.broker(t)
+// groupAckWait is the operator's ack wait on the durable in the ExternalNATS group
+// tests: a killed worker's partition with events in flight waits one.
+const groupAckWait = 5 * time.Second
+
+func withGroupAckWait(t *testing.T) func(*shape) {
+	return func(s *shape) {
+		for p := range s.topo.Partitions {
+			s.consumer(t, s.topo.PartitionStream(p)).AckWait = groupAckWait
+		}
+	}
+}
+
+func externalGroupScenario(t *testing.T, f *externalFixture) {
+	config := func(c *NATSConfig) { c.AckWait = groupAckWait }
+	pub := f.broker(t, config)
+	groupScenario(t, groupAckWait, pub, func(TenantID) {}, func(t *testing.T, name string) (Broker, func()) {
+		w := f.broker(t, config)
 		return w, func() { w.nc.Close() }
 	})
+}
+
+func TestExternalNATS_WorkersShareThePartitionsAndKeepEachTenantsOrderAcrossHandovers(t *testing.T) {
+	t.Parallel()
+	f := newValuesFixture(t)
+	externalGroupScenario(t, &externalFixture{natsFixture: f, shape: f.applyShipped(t, 1, withGroupAckWait(t))})
+}
+
+func TestExternalNATS_WorkersShareTheR3PartitionsOfAThreeNodeClusterAndKeepEachTenantsOrder(t *testing.T) {
+	t.Parallel()
+	c := newClusterFixture(t, 3)
+	externalGroupScenario(t, &externalFixture{natsFixture: c.natsFixture, shape: c.applyShipped(t, 3, withGroupAckWait(t))})
 }
