@@ -78,7 +78,28 @@ type delivery struct {
 	stopped  bool
 	reported bool
 	ccs      []jetstream.ConsumeContext
+	pins     []*heldPin // one a partition, as ccs
 	failed   chan error
+}
+
+// heldPin is the pin the server last delivered a partition's events under, on a
+// pinned_client durable: stop hands the partition back with it.
+type heldPin struct {
+	core            *natsCore
+	stream, durable string
+	id              atomic.Pointer[string]
+}
+
+// pinIDHeader carries the pin a message of a pinned_client durable was delivered
+// under (nats-server's JSPullRequestNatsPinId).
+const pinIDHeader = "Nats-Pin-Id"
+
+func (p *heldPin) saw(m jetstream.Msg) {
+	if id := m.Headers().Get(pinIDHeader); id != "" {
+		if cur := p.id.Load(); cur == nil || *cur != id {
+			p.id.Store(&id)
+		}
+	}
 }
 
 func (d *delivery) start(c *natsCore, ctx context.Context, stream, durable string, handler Handler, share int) error {
@@ -100,7 +121,9 @@ func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Cons
 	// on the second type, so keep a pointer.
 	var lastErr atomic.Pointer[error]
 	var checking atomic.Bool
+	pin := &heldPin{core: c, stream: stream, durable: durable}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		pin.saw(m)
 		if d.isOver() {
 			// Delivered after stop (the drain lets these through) or after another
 			// partition ended the delivery: hand it back at once rather than leave it
@@ -112,7 +135,7 @@ func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Cons
 			_ = m.Nak()
 		}
 	}, jetstream.PullMaxMessages(share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
-		jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
+		jetstream.PullPriorityGroup(c.pullGroup(cons)), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
 			lastErr.Store(&err)
 			if d.isStopped() {
 				return
@@ -136,6 +159,7 @@ func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Cons
 	}
 	d.mu.Lock()
 	d.ccs = append(d.ccs, cc)
+	d.pins = append(d.pins, pin)
 	d.mu.Unlock()
 	go func() {
 		<-cc.Closed()
@@ -146,6 +170,16 @@ func (d *delivery) consume(c *natsCore, ctx context.Context, cons jetstream.Cons
 		d.ended(err)
 	}()
 	return nil
+}
+
+// pullGroup is the priority group to pull cons in: IngestGroup when the durable has
+// priority groups (the server refuses a pull without one, "Priority Group missing"),
+// "" (none) when it has none.
+func (c *natsCore) pullGroup(cons jetstream.Consumer) string {
+	if info := cons.CachedInfo(); info != nil && len(info.Config.PriorityGroups) > 0 {
+		return c.topo.IngestGroup
+	}
+	return ""
 }
 
 // settlement is how a delivered message settles: through the broker's settler (which
@@ -232,7 +266,7 @@ func (d *delivery) stop() {
 		return
 	}
 	d.stopped = true
-	ccs := d.ccs
+	ccs, pins := d.ccs, d.pins
 	d.mu.Unlock()
 	// Drain, not Stop: a pull request the server holds keeps delivering until the
 	// unsubscribe reaches it, and a stopped subscription would drop those events into
@@ -240,5 +274,61 @@ func (d *delivery) stop() {
 	// drain passes them to the handler, which naks them.
 	for _, cc := range ccs {
 		cc.Drain()
+	}
+	releasePins(ccs, pins)
+}
+
+// releasePins hands back every partition still pinned to this delivery, so the next
+// pull (a new Consume here, or another worker) gets it at once rather than once
+// PinnedTTL has passed (measured: a second Consume in one process waited the whole
+// 15 s). A partition the server has pinned to another worker since is left alone:
+// unpinning it would let a third take it while that one holds events unsettled.
+//
+// First the drained pulls must be gone from the server. It keeps a pull request until
+// it next looks at it, and pins a partition that has no pin to the first request
+// waiting, before it checks that anyone still listens to that request (nats-server
+// v2.15.2, consumer.nextWaiting): an event published before the next Consume pulls
+// would pin the partition to this stopped delivery. So wait until the pulls have
+// unsubscribed, flush, so the server has seen it, and read every partition's durable:
+// reading its info drops the requests nobody listens to.
+func releasePins(ccs []jetstream.ConsumeContext, pins []*heldPin) {
+	if len(pins) == 0 || !pins[0].core.nc.IsConnected() {
+		return
+	}
+	c := pins[0].core
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
+	defer cancel()
+	for _, cc := range ccs {
+		select {
+		case <-cc.Closed():
+		case <-ctx.Done():
+		}
+	}
+	_ = c.nc.FlushWithContext(ctx)
+	var wg sync.WaitGroup
+	for _, p := range pins {
+		wg.Go(func() { p.release(ctx) })
+	}
+	wg.Wait()
+}
+
+// release reads the partition's durable and unpins it if it is still pinned under the
+// pin this delivery last saw.
+func (p *heldPin) release(ctx context.Context) {
+	c := p.core
+	cons, err := c.js.Consumer(ctx, p.stream, p.durable)
+	if held := p.id.Load(); err == nil && held != nil {
+		for _, g := range cons.CachedInfo().PriorityGroups {
+			if g.Group == c.topo.IngestGroup && g.PinnedClientID == *held {
+				var stream jetstream.Stream
+				if stream, err = c.js.Stream(ctx, p.stream); err == nil {
+					err = stream.UnpinConsumer(ctx, p.durable, g.Group)
+				}
+			}
+		}
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		c.log.Info("mq: could not hand back a partition of the ingest durable; it waits for its pinned TTL", "stream", p.stream,
+			"consumer", p.durable, "pinned_ttl", c.topo.PinnedTTL, "error", err)
 	}
 }
