@@ -49,7 +49,9 @@ func TestWriteNATSPermissions_PrintsTheBlockForAHelmUserEntry(t *testing.T) {
 	}
 	require.NoError(t, yaml.Unmarshal(buf.Bytes(), &block))
 	assert.Contains(t, block.Permissions.Publish.Allow, "acme-wh.ingest.>")
-	assert.Equal(t, []string{"_INBOX_acme-wh.>"}, block.Permissions.Subscribe.Allow)
+	assert.Contains(t, block.Permissions.Publish.Allow, "acme-wh.workers.INGEST")
+	assert.Contains(t, block.Permissions.Publish.Allow, "$JS.API.CONSUMER.UNPIN.*.INGEST")
+	assert.Equal(t, []string{"_INBOX_acme-wh.>", "acme-wh.workers.INGEST"}, block.Permissions.Subscribe.Allow)
 	require.Error(t, WriteNATSPermissions(&buf, NATSTopology{Prefix: "A B"}))
 }
 
@@ -62,7 +64,8 @@ func appCore(t *testing.T, f *natsFixture) *natsCore {
 }
 
 // TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull and
-// ack, a dead letter and its count, a replay and the hub as the restricted user.
+// ack, the workers' presence, a dead letter and its count, a replay and the hub as the
+// restricted user.
 func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	t.Parallel()
 	f := newValuesFixture(t)
@@ -83,7 +86,7 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	w := &worker{core: c, ctx: ctx, durable: c.topo.IngestConsumer}
 	stop, failed, err := w.Consume(func(m *Message) error { got <- m; return nil }, 0)
 	require.NoError(t, err, "pull from the durable")
-	defer stop()
+	defer stop() // idempotent
 	var m *Message
 	select {
 	case m = <-got:
@@ -94,6 +97,14 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	}
 	require.NoError(t, c.deadLetter(ctx, m, []PublishOpt{WithHeader("X-Error", "poison")}), "dead letter")
 	require.NoError(t, m.DoubleAck(ctx), "ack")
+	stop()
+
+	presence, err := c.nc.SubscribeSync(c.topo.workerSubject())
+	require.NoError(t, err, "subscribe to the workers' presence")
+	require.NoError(t, c.nc.Publish(c.topo.workerSubject(), []byte("here")), "publish presence")
+	hello, err := presence.NextMsg(5 * time.Second)
+	require.NoError(t, err, "the workers' presence round-trips")
+	assert.Equal(t, "here", string(hello.Data))
 	counts, err := c.deadLetterCounts(ctx, "acme", "")
 	require.NoError(t, err, "dead-letter counts")
 	assert.Equal(t, DeadLetterCounts{Tables: map[string]uint64{"t": 1}, Total: 1}, counts)
