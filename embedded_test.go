@@ -546,11 +546,29 @@ func requirePartitionsEmpty(t *testing.T, e *EmbeddedNATS) {
 	}
 }
 
-// writeLegacyStore writes the store an earlier mq left in dir: the same topology
-// with the ingest durable named wh-ingest, n events of tenant published, the first
-// acked of them acknowledged, and the history caught up with its source consumers
-// holding their progress, then idles and stops the server.
-func writeLegacyStore(t *testing.T, dir string, tenant TenantID, n, acked int) {
+// earlierStore is a store an earlier mq left: the same topology with the ingest
+// durable as that version created it (named durable, no priority group), n events of
+// one tenant published, the first fetched of them delivered, and those acked says
+// acknowledged (by index).
+type earlierStore struct {
+	durable    string
+	n, fetched int
+	acked      func(i int) bool
+}
+
+// earlierIngestConsumerConfig is partition p's durable as mq created it before the
+// durable pinned each partition to one worker: no priority policy, group or TTL.
+func earlierIngestConsumerConfig(topo NATSTopology, p int, durable string) jetstream.ConsumerConfig {
+	cfg := topo.ingestConsumerConfig(p)
+	cfg.Durable = durable
+	cfg.PriorityPolicy, cfg.PriorityGroups, cfg.PinnedTTL = jetstream.PriorityPolicyNone, nil, 0
+	return cfg
+}
+
+// writeEarlierStore writes st into dir with the history caught up and its source
+// consumers holding their progress, then idles and stops the server. It returns the
+// ingest durable's state on the tenant's partition as the server last reported it.
+func writeEarlierStore(t *testing.T, dir string, tenant TenantID, st earlierStore) *jetstream.ConsumerInfo {
 	t.Helper()
 	topo := NATSTopology{}.WithDefaults()
 	topo.Replicas = 1
@@ -564,9 +582,7 @@ func writeLegacyStore(t *testing.T, dir string, tenant TenantID, n, acked int) {
 	for p := range topo.Partitions {
 		_, err := js.CreateStream(ctx, topo.partitionConfig(p))
 		require.NoError(t, err)
-		legacy := topo.ingestConsumerConfig(p)
-		legacy.Durable = legacyIngestConsumer
-		_, err = js.CreateOrUpdateConsumer(ctx, topo.PartitionStream(p), legacy)
+		_, err = js.CreateOrUpdateConsumer(ctx, topo.PartitionStream(p), earlierIngestConsumerConfig(topo, p, st.durable))
 		require.NoError(t, err)
 	}
 	for _, cfg := range []jetstream.StreamConfig{topo.historyConfig(), topo.deadLetterConfig()} {
@@ -587,30 +603,39 @@ func writeLegacyStore(t *testing.T, dir string, tenant TenantID, n, acked int) {
 	// As the earlier version did, publish only once the history's source is there: an
 	// event acknowledged before would leave without reaching the history.
 	require.Eventually(t, sourceAcked(0), 30*time.Second, 20*time.Millisecond, "the history never attached")
-	for i := range n {
+	for i := range st.n {
 		msg := &nats.Msg{Subject: subject, Data: fmt.Appendf(nil, "%d", i), Header: nats.Header{HeaderIdempotencyKey: {nuid.Next()}}}
 		_, err := js.PublishMsg(ctx, msg)
 		require.NoError(t, err)
 	}
-	cons, err := js.Consumer(ctx, topo.PartitionStream(p), legacyIngestConsumer)
+	cons, err := js.Consumer(ctx, topo.PartitionStream(p), st.durable)
 	require.NoError(t, err)
-	if acked > 0 {
-		batch, err := cons.Fetch(acked)
+	if st.fetched > 0 {
+		batch, err := cons.Fetch(st.fetched)
 		require.NoError(t, err)
+		i := 0
 		for m := range batch.Messages() {
-			require.NoError(t, m.DoubleAck(ctx))
+			if st.acked(i) {
+				require.NoError(t, m.DoubleAck(ctx))
+			}
+			i++
 		}
+		require.NoError(t, batch.Error())
+		require.Equal(t, st.fetched, i, "fetched")
 	}
-	require.Eventually(t, sourceAcked(uint64(n)), 30*time.Second, 20*time.Millisecond, "the history never copied the legacy store's events")
+	require.Eventually(t, sourceAcked(uint64(st.n)), 30*time.Second, 20*time.Millisecond, "the history never copied the earlier store's events")
 	time.Sleep(2 * time.Second)
+	info, err := cons.Info(ctx)
+	require.NoError(t, err)
 	srv.Shutdown()
 	srv.WaitForShutdown()
+	return info
 }
 
 func TestEmbeddedNATS_OpeningAStoreWithTheEarlierDurableLosesNoUnacknowledgedEvent(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "store")
 	const n, acked = 20, 5
-	writeLegacyStore(t, dir, "acme", n, acked)
+	writeEarlierStore(t, dir, "acme", earlierStore{durable: legacyIngestConsumer, n: n, fetched: acked, acked: func(int) bool { return true }})
 
 	e := openEmbedded(t, dir)
 	p := Partition("acme", e.topo.Partitions)

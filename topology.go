@@ -253,17 +253,24 @@ func (t NATSTopology) partitionConfig(p int) jetstream.StreamConfig {
 }
 
 // ingestConsumerConfig is the durable on partition p: pull, explicit ack, never
-// expiring, redelivering without limit from the first event.
+// expiring, redelivering without limit from the first event, and pinned to one
+// worker at a time in the group IngestGroup, so workers sharing the partitions never
+// interleave a tenant's events. The server updates these fields of an existing
+// durable in place, keeping its ack floor and pending events (checkNewConsumerConfig
+// in nats-server v2.15.2 allows it).
 func (t NATSTopology) ingestConsumerConfig(p int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:       t.IngestConsumer,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       t.AckWait,
-		MaxDeliver:    -1,
-		MaxAckPending: t.MaxAckPending,
-		FilterSubject: t.subjects().partitionFilter(p),
-		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+		Durable:        t.IngestConsumer,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        t.AckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  t.MaxAckPending,
+		FilterSubject:  t.subjects().partitionFilter(p),
+		ReplayPolicy:   jetstream.ReplayInstantPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{t.IngestGroup},
+		PinnedTTL:      t.PinnedTTL,
 	}
 }
 

@@ -381,18 +381,21 @@ func TestNATSTopologyPartitionConfig_IsAnInterestPartitionThatPushesBack(t *test
 	}
 }
 
-func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartition(t *testing.T) {
-	top := NATSTopology{Partitions: 2, AckWait: 90 * time.Second, MaxAckPending: 77}.WithDefaults()
+func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartitionPinnedToOneWorker(t *testing.T) {
+	top := NATSTopology{Partitions: 2, AckWait: 90 * time.Second, MaxAckPending: 77, IngestGroup: "g1", PinnedTTL: 20 * time.Second}.WithDefaults()
 	got := top.ingestConsumerConfig(1)
 	want := jetstream.ConsumerConfig{
-		Durable:       "INGEST",
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       90 * time.Second,
-		MaxDeliver:    -1,
-		MaxAckPending: 77,
-		FilterSubject: "wh.ingest.1.>",
-		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+		Durable:        "INGEST",
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        90 * time.Second,
+		MaxDeliver:     -1,
+		MaxAckPending:  77,
+		FilterSubject:  "wh.ingest.1.>",
+		ReplayPolicy:   jetstream.ReplayInstantPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{"g1"},
+		PinnedTTL:      20 * time.Second,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("ingestConsumerConfig(1) =\n%+v\nwant\n%+v", got, want)
@@ -406,6 +409,9 @@ func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartition(t
 	def := NATSTopology{}.WithDefaults().ingestConsumerConfig(0)
 	if def.AckWait != 60*time.Second || def.MaxAckPending != 10000 || def.FilterSubject != "wh.ingest.0.>" {
 		t.Errorf("default ingest consumer: ack wait %s, max ack pending %d, filter %q", def.AckWait, def.MaxAckPending, def.FilterSubject)
+	}
+	if !slices.Equal(def.PriorityGroups, []string{"ingest"}) || def.PinnedTTL != 15*time.Second {
+		t.Errorf("default ingest consumer: priority groups %v, pinned TTL %s", def.PriorityGroups, def.PinnedTTL)
 	}
 }
 
