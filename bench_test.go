@@ -123,7 +123,7 @@ func BenchmarkConsume(b *testing.B) {
 				if n.Add(1) == int64(b.N) {
 					close(done)
 				}
-			}, jetstream.PullMaxMessages(e.topo.Prefetch/e.topo.Partitions))
+			}, jetstream.PullMaxMessages(e.topo.Prefetch/e.topo.Partitions), jetstream.PullPriorityGroup(e.topo.IngestGroup))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -207,7 +207,9 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 			return fmt.Errorf("stream %s: %w", cfg.Name, err)
 		}
 		// The durable comes before any publish: an interest stream stores a publish
-		// nowhere when no consumer's filter covers it.
+		// nowhere when no consumer's filter covers it. An existing one is updated in
+		// place, keeping its ack floor and pending events: that is how a store an
+		// earlier version wrote, whose durable has no priority policy, gets pinned.
 		if _, err := e.js.CreateOrUpdateConsumer(ctx, cfg.Name, e.topo.ingestConsumerConfig(p)); err != nil {
 			return fmt.Errorf("consumer %s/%s: %w", cfg.Name, e.topo.IngestConsumer, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -488,6 +489,31 @@ func TestEmbeddedNATS_ADurableDeletedWhileNoPullWasOutstandingEndsDelivery(t *te
 	}
 }
 
+// TestEmbeddedNATS_ANewConsumeGetsEveryPartitionTheStoppedOneHeld: a stopped Consume
+// hands back the partition it was pinned to, and leaves no pull behind on the others
+// that an event published before the next Consume could pin them to. With a pinned TTL
+// of an hour, a partition left pinned would hold its events past the test's end.
+func TestEmbeddedNATS_ANewConsumeGetsEveryPartitionTheStoppedOneHeld(t *testing.T) {
+	e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.Topology.PinnedTTL = time.Hour })
+	ctx := testCtx(t)
+	var tenants []TenantID // one on each partition
+	for i := 0; len(tenants) < e.topo.Partitions; i++ {
+		tenant := TenantID("t" + strconv.Itoa(i))
+		if !slices.ContainsFunc(tenants, func(o TenantID) bool { return Partition(o, e.topo.Partitions) == Partition(tenant, e.topo.Partitions) }) {
+			require.NoError(t, e.SetMaxBytes(ctx, tenant, 1<<20))
+			tenants = append(tenants, tenant)
+		}
+	}
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: tenants[0], Table: "t"}, []byte("first")))
+	assert.Equal(t, []string{"first"}, drain(t, e, 1), "the first Consume is pinned to one partition and pulls every one")
+	assert.Empty(t, pinnedPartitions(t, e.js, e.topo), "and hands that partition back when it stops")
+	for _, tenant := range tenants {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: tenant, Table: "t"}, []byte("while stopped")))
+	}
+	assert.Equal(t, slices.Repeat([]string{"while stopped"}, len(tenants)), drain(t, e, len(tenants)),
+		"the next Consume gets every partition")
+}
+
 // waitHistoryCopied waits until the history holds n events and the broker then idles
 // as a host does before a restart: the loss that hid behind an immediate restart
 // needs the history's source to have acknowledged what it copied.
@@ -552,11 +578,29 @@ func requirePartitionsEmpty(t *testing.T, e *EmbeddedNATS) {
 	}
 }
 
-// writeLegacyStore writes the store an earlier mq left in dir: the same topology
-// with the ingest durable named wh-ingest, n events of tenant published, the first
-// acked of them acknowledged, and the history caught up with its source consumers
-// holding their progress, then idles and stops the server.
-func writeLegacyStore(t *testing.T, dir string, tenant TenantID, n, acked int) {
+// earlierStore is a store an earlier mq left: the same topology with the ingest
+// durable as that version created it (named durable, no priority group), n events of
+// one tenant published, the first fetched of them delivered, and those acked says
+// acknowledged (by index).
+type earlierStore struct {
+	durable    string
+	n, fetched int
+	acked      func(i int) bool
+}
+
+// earlierIngestConsumerConfig is partition p's durable as mq created it before the
+// durable pinned each partition to one worker: no priority policy, group or TTL.
+func earlierIngestConsumerConfig(topo NATSTopology, p int, durable string) jetstream.ConsumerConfig {
+	cfg := topo.ingestConsumerConfig(p)
+	cfg.Durable = durable
+	cfg.PriorityPolicy, cfg.PriorityGroups, cfg.PinnedTTL = jetstream.PriorityPolicyNone, nil, 0
+	return cfg
+}
+
+// writeEarlierStore writes st into dir with the history caught up and its source
+// consumers holding their progress, then idles and stops the server. It returns the
+// ingest durable's state on the tenant's partition as the server last reported it.
+func writeEarlierStore(t *testing.T, dir string, tenant TenantID, st earlierStore) *jetstream.ConsumerInfo {
 	t.Helper()
 	topo := NATSTopology{}.WithDefaults()
 	topo.Replicas = 1
@@ -570,9 +614,7 @@ func writeLegacyStore(t *testing.T, dir string, tenant TenantID, n, acked int) {
 	for p := range topo.Partitions {
 		_, err := js.CreateStream(ctx, topo.partitionConfig(p))
 		require.NoError(t, err)
-		legacy := topo.ingestConsumerConfig(p)
-		legacy.Durable = legacyIngestConsumer
-		_, err = js.CreateOrUpdateConsumer(ctx, topo.PartitionStream(p), legacy)
+		_, err = js.CreateOrUpdateConsumer(ctx, topo.PartitionStream(p), earlierIngestConsumerConfig(topo, p, st.durable))
 		require.NoError(t, err)
 	}
 	for _, cfg := range []jetstream.StreamConfig{topo.historyConfig(), topo.deadLetterConfig()} {
@@ -593,30 +635,39 @@ func writeLegacyStore(t *testing.T, dir string, tenant TenantID, n, acked int) {
 	// As the earlier version did, publish only once the history's source is there: an
 	// event acknowledged before would leave without reaching the history.
 	require.Eventually(t, sourceAcked(0), 30*time.Second, 20*time.Millisecond, "the history never attached")
-	for i := range n {
+	for i := range st.n {
 		msg := &nats.Msg{Subject: subject, Data: fmt.Appendf(nil, "%d", i), Header: nats.Header{HeaderIdempotencyKey: {nuid.Next()}}}
 		_, err := js.PublishMsg(ctx, msg)
 		require.NoError(t, err)
 	}
-	cons, err := js.Consumer(ctx, topo.PartitionStream(p), legacyIngestConsumer)
+	cons, err := js.Consumer(ctx, topo.PartitionStream(p), st.durable)
 	require.NoError(t, err)
-	if acked > 0 {
-		batch, err := cons.Fetch(acked)
+	if st.fetched > 0 {
+		batch, err := cons.Fetch(st.fetched)
 		require.NoError(t, err)
+		i := 0
 		for m := range batch.Messages() {
-			require.NoError(t, m.DoubleAck(ctx))
+			if st.acked(i) {
+				require.NoError(t, m.DoubleAck(ctx))
+			}
+			i++
 		}
+		require.NoError(t, batch.Error())
+		require.Equal(t, st.fetched, i, "fetched")
 	}
-	require.Eventually(t, sourceAcked(uint64(n)), 30*time.Second, 20*time.Millisecond, "the history never copied the legacy store's events")
+	require.Eventually(t, sourceAcked(uint64(st.n)), 30*time.Second, 20*time.Millisecond, "the history never copied the earlier store's events")
 	time.Sleep(2 * time.Second)
+	info, err := cons.Info(ctx)
+	require.NoError(t, err)
 	srv.Shutdown()
 	srv.WaitForShutdown()
+	return info
 }
 
 func TestEmbeddedNATS_OpeningAStoreWithTheEarlierDurableLosesNoUnacknowledgedEvent(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "store")
 	const n, acked = 20, 5
-	writeLegacyStore(t, dir, "acme", n, acked)
+	writeEarlierStore(t, dir, "acme", earlierStore{durable: legacyIngestConsumer, n: n, fetched: acked, acked: func(int) bool { return true }})
 
 	e := openEmbedded(t, dir)
 	p := Partition("acme", e.topo.Partitions)
@@ -631,6 +682,46 @@ func TestEmbeddedNATS_OpeningAStoreWithTheEarlierDurableLosesNoUnacknowledgedEve
 	require.NoError(t, e.Close())
 	e = openEmbedded(t, dir) // and a later restart of the migrated store keeps working
 	require.NoError(t, e.Close())
+}
+
+// TestEmbeddedNATS_OpeningAStoreWithAnUnpinnedDurablePinsItInPlaceKeepingEveryUnacknowledgedEvent
+// opens a store whose INGEST has no priority policy (the version before pinning), with
+// events acknowledged out of order, delivered and left unacknowledged, and never
+// delivered. The boot updates the durable in place (nats-server allows the change):
+// its ack floor and pending events stay, it is pinned_client in the ingest group, and
+// every unacknowledged event comes, none acknowledged before.
+func TestEmbeddedNATS_OpeningAStoreWithAnUnpinnedDurablePinsItInPlaceKeepingEveryUnacknowledgedEvent(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	const n, fetched = 20, 10
+	ackedBefore := map[int]bool{0: true, 1: true, 2: true, 5: true, 7: true} // floor 3, then 6 and 8 out of order
+	before := writeEarlierStore(t, dir, "acme", earlierStore{durable: defaultIngestConsumer, n: n, fetched: fetched, acked: func(i int) bool { return ackedBefore[i] }})
+	require.Equal(t, jetstream.PriorityPolicyNone, before.Config.PriorityPolicy, "the earlier durable has no priority policy")
+	require.Equal(t, uint64(3), before.AckFloor.Stream, "acknowledged up to event 2, then out of order")
+	require.Equal(t, fetched-len(ackedBefore), before.NumAckPending, "delivered and unacknowledged")
+
+	// A short ack wait, so the delivered and unacknowledged events come back soon.
+	e := openEmbedded(t, dir, func(o *EmbeddedOptions) { o.Topology.AckWait = time.Second })
+	ctx := testCtx(t)
+	cons, err := e.js.Consumer(ctx, e.topo.PartitionStream(Partition("acme", e.topo.Partitions)), e.topo.IngestConsumer)
+	require.NoError(t, err)
+	after := cons.CachedInfo()
+	assert.Equal(t, before.Created, after.Created, "the same durable, not a new one")
+	assert.Equal(t, jetstream.PriorityPolicyPinned, after.Config.PriorityPolicy)
+	assert.Equal(t, []string{"ingest"}, after.Config.PriorityGroups)
+	assert.Equal(t, 15*time.Second, after.Config.PinnedTTL)
+	assert.Equal(t, before.AckFloor.Stream, after.AckFloor.Stream, "the ack floor is kept")
+	assert.Equal(t, before.Delivered.Stream, after.Delivered.Stream, "what was delivered is kept")
+	assert.Equal(t, before.NumAckPending, after.NumAckPending, "the pending events are kept")
+
+	var want []string
+	for i := range n {
+		if !ackedBefore[i] {
+			want = append(want, strconv.Itoa(i))
+		}
+	}
+	assert.ElementsMatch(t, want, drain(t, e, len(want)), "every unacknowledged event, and none acknowledged before")
+	waitHistoryCopied(t, e.js, e.topo.HistoryStream, n)
+	requirePartitionsEmpty(t, e)
 }
 
 func TestEmbeddedNATS_EveryMethodRefusesANilContextWithoutPanicking(t *testing.T) {

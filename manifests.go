@@ -78,6 +78,10 @@ func manifestHeader(topo NATSTopology) string {
 		"had not yet acknowledged. A cluster with a durable of another name (wh-ingest, the earlier",
 		"default) needs this one created first; then delete the old one, and its unacknowledged",
 		"events come to this one.",
+		fmt.Sprintf("The durable pins each partition to one worker at a time (priorityPolicy pinned_client, group %s,", topo.IngestGroup),
+		fmt.Sprintf("pinnedTtl %s), so workers sharing the partitions never interleave a tenant's events. A durable", formatDuration(topo.PinnedTTL)),
+		"created without it by an earlier version is updated in place when this is applied: the server",
+		"keeps its ack floor and unacknowledged events.",
 	}
 	var b strings.Builder
 	for _, l := range lines {
@@ -128,20 +132,22 @@ type nackSource struct {
 
 // nackConsumerSpec holds the Consumer fields the manifests write.
 type nackConsumerSpec struct {
-	StreamName        string `yaml:"streamName"`
-	DurableName       string `yaml:"durableName"`
-	DeliverPolicy     string `yaml:"deliverPolicy"`
-	AckPolicy         string `yaml:"ackPolicy"`
-	AckWait           string `yaml:"ackWait"`
-	MaxDeliver        int    `yaml:"maxDeliver"`
-	MaxAckPending     int    `yaml:"maxAckPending"`
-	FilterSubject     string `yaml:"filterSubject"`
-	ReplayPolicy      string `yaml:"replayPolicy"`
-	HeadersOnly       bool   `yaml:"headersOnly"`
-	MaxRequestBatch   int    `yaml:"maxRequestBatch"`
-	InactiveThreshold string `yaml:"inactiveThreshold,omitempty"`
-	PriorityPolicy    string `yaml:"priorityPolicy,omitempty"`
-	PreventDelete     bool   `yaml:"preventDelete"`
+	StreamName        string   `yaml:"streamName"`
+	DurableName       string   `yaml:"durableName"`
+	DeliverPolicy     string   `yaml:"deliverPolicy"`
+	AckPolicy         string   `yaml:"ackPolicy"`
+	AckWait           string   `yaml:"ackWait"`
+	MaxDeliver        int      `yaml:"maxDeliver"`
+	MaxAckPending     int      `yaml:"maxAckPending"`
+	FilterSubject     string   `yaml:"filterSubject"`
+	ReplayPolicy      string   `yaml:"replayPolicy"`
+	HeadersOnly       bool     `yaml:"headersOnly"`
+	MaxRequestBatch   int      `yaml:"maxRequestBatch"`
+	InactiveThreshold string   `yaml:"inactiveThreshold,omitempty"`
+	PriorityPolicy    string   `yaml:"priorityPolicy,omitempty"`
+	PriorityGroups    []string `yaml:"priorityGroups,omitempty"`
+	PinnedTTL         string   `yaml:"pinnedTtl,omitempty"`
+	PreventDelete     bool     `yaml:"preventDelete"`
 }
 
 // crName is a Kubernetes resource name for a stream name: lowercase, '_' as '-'.
@@ -194,6 +200,14 @@ func nackConsumerResource(stream string, cfg jetstream.ConsumerConfig) nackResou
 	}
 	if cfg.InactiveThreshold > 0 {
 		spec.InactiveThreshold = formatDuration(cfg.InactiveThreshold)
+	}
+	if cfg.PriorityPolicy != jetstream.PriorityPolicyNone {
+		// NACK takes JetStream's JSON name, and pins for 5m when pinnedTtl is left out.
+		spec.PriorityPolicy = jsonName(cfg.PriorityPolicy)
+		spec.PriorityGroups = cfg.PriorityGroups
+		if cfg.PinnedTTL > 0 {
+			spec.PinnedTTL = formatDuration(cfg.PinnedTTL)
+		}
 	}
 	return nackResource[nackConsumerSpec]{APIVersion: nackAPIVersion, Kind: "Consumer", Metadata: nackMeta{crName(stream)}, Spec: spec}
 }

@@ -2,6 +2,7 @@ package mq
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"io"
 	"os"
@@ -48,6 +49,28 @@ func TestWriteNATSManifests_HeaderNamesTheCommandThatRegeneratesIt(t *testing.T)
 func TestWriteNATSManifests_RefusesAnInvalidTopology(t *testing.T) {
 	require.Error(t, WriteNATSManifests(io.Discard, NATSTopology{Prefix: "A.B"}))
 	require.Error(t, WriteNATSManifests(io.Discard, NATSTopology{Partitions: -1}))
+}
+
+func TestWriteNATSManifests_EveryDurablePinsItsPartitionInTheIngestGroup(t *testing.T) {
+	for _, c := range []struct {
+		topo       NATSTopology
+		group, ttl string
+	}{
+		{shippedTopology, "ingest", "15s"},
+		{NATSTopology{Partitions: 2, IngestGroup: "workers", PinnedTTL: 90 * time.Second}, "workers", "90s"},
+	} {
+		consumers := 0
+		for _, d := range parseManifests(t, generate(t, c.topo)) {
+			if d.Kind != "Consumer" {
+				continue
+			}
+			consumers++
+			assert.Equal(t, "pinned_client", d.Spec["priorityPolicy"], "%s", d.Spec["streamName"])
+			assert.Equal(t, []any{c.group}, d.Spec["priorityGroups"], "%s", d.Spec["streamName"])
+			assert.Equal(t, c.ttl, d.Spec["pinnedTtl"], "%s", d.Spec["streamName"])
+		}
+		assert.Equal(t, c.topo.WithDefaults().Partitions, consumers)
+	}
 }
 
 func TestFormatDuration_WritesTheLargestWholeUnit(t *testing.T) {
@@ -237,6 +260,18 @@ func nackConsumer(t *testing.T, spec map[string]any) (string, jetstream.Consumer
 	cfg.DeliverPolicy = policies[str(c, "deliverPolicy")]
 	require.NoError(t, cfg.AckPolicy.UnmarshalJSON([]byte(`"`+str(c, "ackPolicy")+`"`)))
 	require.NoError(t, cfg.ReplayPolicy.UnmarshalJSON([]byte(`"`+str(c, "replayPolicy")+`"`)))
+	// NACK takes "none" or nothing for no policy, "pinned_client" (or "pinned") with the
+	// groups and a pinnedTtl of 5m when it is left out.
+	switch str(c, "priorityPolicy") {
+	case "", "none":
+	case "pinned_client", "pinned":
+		cfg.PriorityPolicy, cfg.PinnedTTL = jetstream.PriorityPolicyPinned, cmp.Or(dur(t, c, "pinnedTtl"), 5*time.Minute)
+	default:
+		require.NoError(t, cfg.PriorityPolicy.UnmarshalJSON([]byte(`"`+str(c, "priorityPolicy")+`"`)))
+	}
+	for _, v := range asList(c["priorityGroups"]) {
+		cfg.PriorityGroups = append(cfg.PriorityGroups, v.(string))
+	}
 	return str(c, "streamName"), cfg
 }
 

@@ -9,9 +9,9 @@ import (
 )
 
 // NATSPermissions are the subjects the restricted application user may publish to and
-// subscribe on: everything the brokers do (publish, pull and ack the ingest durable,
-// dead letters, the hub and replay consumers on the history, stream and consumer
-// info) and nothing that changes the topology.
+// subscribe on: everything the brokers do (publish, pull, ack and unpin the ingest
+// durable, the workers' presence, dead letters, the hub and replay consumers on the
+// history, stream and consumer info) and nothing that changes the topology.
 type NATSPermissions struct {
 	PublishAllow   []string
 	PublishDeny    []string
@@ -36,6 +36,10 @@ func PermissionsFor(topo NATSTopology) NATSPermissions {
 			// Pulling the durable on any stream also drains partitions a lower N left.
 			"$JS.API.CONSUMER.MSG.NEXT.*." + topo.IngestConsumer,
 			"$JS.ACK.>",
+			// A worker that stops hands its pinned partitions (those too) to another.
+			"$JS.API.CONSUMER.UNPIN.*." + topo.IngestConsumer,
+			// The workers sharing the durable tell each other they are there.
+			topo.workerSubject(),
 			// The hub's and replays' auto-expiring consumers on the history.
 			"$JS.API.CONSUMER.CREATE." + h + ".>",
 			"$JS.API.CONSUMER.MSG.NEXT." + h + ".>",
@@ -48,7 +52,7 @@ func PermissionsFor(topo NATSTopology) NATSPermissions {
 			"$JS.API.STREAM.PURGE.>",
 			"$JS.API.CONSUMER.DURABLE.CREATE.>",
 		},
-		SubscribeAllow: []string{inboxPrefix(topo) + ".>"},
+		SubscribeAllow: []string{inboxPrefix(topo) + ".>", topo.workerSubject()},
 	}
 }
 

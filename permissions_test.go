@@ -49,7 +49,9 @@ func TestWriteNATSPermissions_PrintsTheBlockForAHelmUserEntry(t *testing.T) {
 	}
 	require.NoError(t, yaml.Unmarshal(buf.Bytes(), &block))
 	assert.Contains(t, block.Permissions.Publish.Allow, "acme-wh.ingest.>")
-	assert.Equal(t, []string{"_INBOX_acme-wh.>"}, block.Permissions.Subscribe.Allow)
+	assert.Contains(t, block.Permissions.Publish.Allow, "acme-wh.workers.INGEST")
+	assert.Contains(t, block.Permissions.Publish.Allow, "$JS.API.CONSUMER.UNPIN.*.INGEST")
+	assert.Equal(t, []string{"_INBOX_acme-wh.>", "acme-wh.workers.INGEST"}, block.Permissions.Subscribe.Allow)
 	require.Error(t, WriteNATSPermissions(&buf, NATSTopology{Prefix: "A B"}))
 }
 
@@ -61,8 +63,9 @@ func appCore(t *testing.T, f *natsFixture) *natsCore {
 	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog)
 }
 
-// TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull and
-// ack, a dead letter and its count, a replay and the hub as the restricted user.
+// TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull, ack
+// and unpin, the workers' presence, a dead letter and its count, a replay and the hub
+// as the restricted user.
 func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	t.Parallel()
 	f := newValuesFixture(t)
@@ -84,8 +87,8 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	require.NoError(t, err)
 	w := &worker{core: c, ctx: ctx, durable: c.topo.IngestConsumer, policy: policy}
 	stop, failed, err := w.Consume(func(m *Message) error { got <- m; return nil }, 0)
-	require.NoError(t, err, "pull from the durable")
-	defer stop()
+	require.NoError(t, err, "pull from the durable in its priority group")
+	defer stop() // idempotent
 	var m *Message
 	select {
 	case m = <-got:
@@ -96,6 +99,17 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	}
 	require.NoError(t, c.deadLetter(ctx, m, []PublishOpt{WithHeader("X-Error", "poison")}), "dead letter")
 	require.NoError(t, m.DoubleAck(ctx), "ack")
+	partition := c.topo.PartitionStream(Partition(topic.Tenant, c.topo.Partitions))
+	require.Equal(t, []string{partition}, pinnedPartitions(t, f.admin, c.topo), "the worker holds the partition it pulled from")
+	stop()
+	assert.Empty(t, pinnedPartitions(t, f.admin, c.topo), "a stopped worker unpins its partitions")
+
+	presence, err := c.nc.SubscribeSync(c.topo.workerSubject())
+	require.NoError(t, err, "subscribe to the workers' presence")
+	require.NoError(t, c.nc.Publish(c.topo.workerSubject(), []byte("here")), "publish presence")
+	hello, err := presence.NextMsg(5 * time.Second)
+	require.NoError(t, err, "the workers' presence round-trips")
+	assert.Equal(t, "here", string(hello.Data))
 	counts, err := c.deadLetterCounts(ctx, "acme", "")
 	require.NoError(t, err, "dead-letter counts")
 	assert.Equal(t, DeadLetterCounts{Tables: map[string]uint64{"t": 1}, Total: 1}, counts)
@@ -114,9 +128,26 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	assert.Equal(t, []string{"one"}, replayed)
 }
 
+// pinnedPartitions lists, as js sees them, the partitions whose durable has a client
+// pinned in the ingest group.
+func pinnedPartitions(t *testing.T, js jetstream.JetStream, topo NATSTopology) []string {
+	t.Helper()
+	var pinned []string
+	for p := range topo.Partitions {
+		cons, err := js.Consumer(testCtx(t), topo.PartitionStream(p), topo.IngestConsumer)
+		require.NoError(t, err)
+		for _, g := range cons.CachedInfo().PriorityGroups {
+			if g.Group == topo.IngestGroup && g.PinnedClientID != "" {
+				pinned = append(pinned, topo.PartitionStream(p))
+			}
+		}
+	}
+	return pinned
+}
+
 // TestNATSPermissions_RefuseEveryTopologyChange: the restricted user can create,
-// change, purge or delete no stream, make no durable on a partition and delete no
-// durable. Each refused request goes unanswered, and the operator sees nothing changed.
+// change, purge or delete no stream, make or change no durable on a partition and
+// delete no durable. Each refused request goes unanswered, and the operator sees nothing changed.
 func TestNATSPermissions_RefuseEveryTopologyChange(t *testing.T) {
 	t.Parallel()
 	f := newValuesFixture(t)
@@ -139,6 +170,10 @@ func TestNATSPermissions_RefuseEveryTopologyChange(t *testing.T) {
 	assert.Error(t, c.js.DeleteStream(bounded(), c.topo.DeadLetterStream()), "stream delete")
 	_, err = c.js.CreateConsumer(bounded(), c.topo.PartitionStream(0), jetstream.ConsumerConfig{Durable: "evil", AckPolicy: jetstream.AckExplicitPolicy})
 	assert.Error(t, err, "a durable on a partition")
+	unpinned := c.topo.ingestConsumerConfig(2)
+	unpinned.PriorityPolicy, unpinned.PriorityGroups, unpinned.PinnedTTL = jetstream.PriorityPolicyNone, nil, 0
+	_, err = c.js.UpdateConsumer(bounded(), c.topo.PartitionStream(2), unpinned)
+	assert.Error(t, err, "take the ingest durable's pinning off")
 	assert.Error(t, c.js.DeleteConsumer(bounded(), c.topo.PartitionStream(1), c.topo.IngestConsumer), "delete the ingest durable")
 
 	ctx := testCtx(t)
@@ -153,6 +188,9 @@ func TestNATSPermissions_RefuseEveryTopologyChange(t *testing.T) {
 	assert.ErrorIs(t, err, jetstream.ErrConsumerNotFound)
 	_, err = f.admin.Consumer(ctx, c.topo.PartitionStream(1), c.topo.IngestConsumer)
 	assert.NoError(t, err)
+	durable, err := f.admin.Consumer(ctx, c.topo.PartitionStream(2), c.topo.IngestConsumer)
+	require.NoError(t, err)
+	assert.Equal(t, jetstream.PriorityPolicyPinned, durable.CachedInfo().Config.PriorityPolicy)
 	findings, err := VerifyNATSTopology(ctx, c.js, c.topo)
 	require.NoError(t, err, "the restricted user can run the verifier")
 	assert.False(t, hasRequired(findings), "%v", findings)

@@ -23,6 +23,11 @@ type NATSTopology struct {
 	// (byte-wise) before "JS_", the prefix of the server's own source consumers: see
 	// ingestConsumerSortsFirst.
 	IngestConsumer string
+	// IngestGroup is the priority group every worker pulls the durable in. Default
+	// "ingest". The durable pins each partition to one worker at a time
+	// (pinned_client), so a tenant's events are never handled by two workers at
+	// once. It must be a valid priority group name: 1 to 16 of [a-zA-Z0-9/_=-].
+	IngestGroup string
 	// HistoryStream names the history. Default "<PREFIX>_HISTORY".
 	HistoryStream string
 
@@ -31,6 +36,10 @@ type NATSTopology struct {
 	PublishTimeout time.Duration
 	// AckWait is the worker's ack wait; the durable's must be at least this. Default 60s.
 	AckWait time.Duration
+	// PinnedTTL is how long a partition stays pinned to a worker that stopped pulling
+	// before the server pins it to another. Default 15s. At least twice the worker's
+	// pull expiry: see minPinnedTTL.
+	PinnedTTL time.Duration
 	// MaxAckPending is the durable's cap on unsettled messages per partition. Default
 	// 10,000.
 	MaxAckPending int
@@ -64,6 +73,8 @@ const (
 	defaultPrefix            = "wh"
 	defaultPartitions        = 4
 	defaultIngestConsumer    = "INGEST"
+	defaultIngestGroup       = "ingest"
+	defaultPinnedTTL         = 15 * time.Second
 	defaultPublishTimeout    = 5 * time.Second
 	defaultAckWait           = 60 * time.Second
 	defaultMaxAckPending     = 10_000
@@ -100,14 +111,20 @@ const (
 
 var prefixPattern = regexp.MustCompile(`^[a-z0-9_-]+$`)
 
+// groupNamePattern is nats-server's rule for a priority group name (validGroupName
+// in server/consumer.go, v2.15.2): the server refuses a durable with any other.
+var groupNamePattern = regexp.MustCompile(`^[a-zA-Z0-9/_=-]{1,16}$`)
+
 // WithDefaults returns t with every zero field set to its default.
 func (t NATSTopology) WithDefaults() NATSTopology {
 	setDefault(&t.Prefix, defaultPrefix)
 	setDefault(&t.Partitions, defaultPartitions)
 	setDefault(&t.IngestConsumer, defaultIngestConsumer)
+	setDefault(&t.IngestGroup, defaultIngestGroup)
 	setDefault(&t.HistoryStream, strings.ToUpper(t.Prefix)+"_HISTORY")
 	setDefault(&t.PublishTimeout, defaultPublishTimeout)
 	setDefault(&t.AckWait, defaultAckWait)
+	setDefault(&t.PinnedTTL, defaultPinnedTTL)
 	setDefault(&t.MaxAckPending, defaultMaxAckPending)
 	setDefault(&t.Prefetch, defaultPrefetch)
 	setDefault(&t.Replicas, defaultReplicas)
@@ -143,18 +160,29 @@ func (t NATSTopology) Validate() error {
 			"a single nats-server recovers a partition's consumers in name order, and recovering the history's source "+
 			"consumer first removes every event the history copied that the ingest durable has not acknowledged",
 			t.IngestConsumer, serverConsumerPrefix)
+	case !groupNamePattern.MatchString(t.IngestGroup):
+		return fmt.Errorf("nats topology: ingest group %q is not a valid priority group name (1 to 16 of [a-zA-Z0-9/_=-])", t.IngestGroup)
 	case !validName(t.HistoryStream):
 		return fmt.Errorf("nats topology: history stream %q is not a valid stream name", t.HistoryStream)
-	case t.PublishTimeout < 0, t.AckWait < 0, t.DuplicateWindow < 0, t.HistoryMaxAge < 0:
+	case t.PublishTimeout < 0, t.AckWait < 0, t.PinnedTTL < 0, t.DuplicateWindow < 0, t.HistoryMaxAge < 0:
 		return fmt.Errorf("nats topology: durations must not be negative")
 	case t.MaxAckPending < 0, t.Prefetch < 0, t.Replicas < 0:
 		return fmt.Errorf("nats topology: counts must not be negative")
 	case t.DuplicateWindow < t.minDuplicateWindow():
 		return fmt.Errorf("nats topology: duplicate window %s is shorter than a publish with its retries (%s)",
 			t.DuplicateWindow, t.minDuplicateWindow())
+	case t.PinnedTTL < minPinnedTTL:
+		return fmt.Errorf("nats topology: pinned TTL %s is below %s (twice the worker's pull expiry %s): an idle worker "+
+			"pulls again only once its pull expires, so a shorter TTL unpins partitions from live workers", t.PinnedTTL, minPinnedTTL, pullExpiry)
 	}
 	return nil
 }
+
+// minPinnedTTL is the shortest PinnedTTL that keeps a live worker's pins: the server
+// keeps a pin while the pinned worker's pulls keep coming, and an idle worker sends
+// its next pull only when the last one expires (pullExpiry), so half the TTL is left
+// for a slow pull to arrive.
+const minPinnedTTL = 2 * pullExpiry
 
 // ingestConsumerSortsFirst reports whether a durable of this name is recovered before
 // the server's own consumers. Measured on nats-server 2.14.10 to 2.15.3, and read in
@@ -184,6 +212,10 @@ func (t NATSTopology) minDuplicateWindow() time.Duration {
 }
 
 func (t NATSTopology) subjects() subjects { return subjects{prefix: t.Prefix, n: t.Partitions} }
+
+// workerSubject is the core NATS subject the ingest workers sharing the durable
+// exchange their presence on: "<prefix>.workers.<IngestConsumer>".
+func (t NATSTopology) workerSubject() string { return t.Prefix + ".workers." + t.IngestConsumer }
 
 // PartitionStream names partition p's stream: "<PREFIX>_INGEST_<p>".
 func (t NATSTopology) PartitionStream(p int) string {
@@ -221,17 +253,24 @@ func (t NATSTopology) partitionConfig(p int) jetstream.StreamConfig {
 }
 
 // ingestConsumerConfig is the durable on partition p: pull, explicit ack, never
-// expiring, redelivering without limit from the first event.
+// expiring, redelivering without limit from the first event, and pinned to one
+// worker at a time in the group IngestGroup, so workers sharing the partitions never
+// interleave a tenant's events. The server updates these fields of an existing
+// durable in place, keeping its ack floor and pending events (checkNewConsumerConfig
+// in nats-server v2.15.2 allows it).
 func (t NATSTopology) ingestConsumerConfig(p int) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:       t.IngestConsumer,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       t.AckWait,
-		MaxDeliver:    -1,
-		MaxAckPending: t.MaxAckPending,
-		FilterSubject: t.subjects().partitionFilter(p),
-		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+		Durable:        t.IngestConsumer,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        t.AckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  t.MaxAckPending,
+		FilterSubject:  t.subjects().partitionFilter(p),
+		ReplayPolicy:   jetstream.ReplayInstantPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{t.IngestGroup},
+		PinnedTTL:      t.PinnedTTL,
 	}
 }
 

@@ -5,10 +5,12 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -18,9 +20,11 @@ func TestNATSTopologyWithDefaults_FillsTheDocumentedDefaults(t *testing.T) {
 		Prefix:                      "wh",
 		Partitions:                  4,
 		IngestConsumer:              "INGEST",
+		IngestGroup:                 "ingest",
 		HistoryStream:               "WH_HISTORY",
 		PublishTimeout:              5 * time.Second,
 		AckWait:                     60 * time.Second,
+		PinnedTTL:                   15 * time.Second,
 		MaxAckPending:               10000,
 		Prefetch:                    500,
 		Replicas:                    3,
@@ -48,9 +52,11 @@ func TestNATSTopologyWithDefaults_KeepsEverySetField(t *testing.T) {
 		Prefix:                      "acme-wh",
 		Partitions:                  7,
 		IngestConsumer:              "DURABLE-1",
+		IngestGroup:                 "g/1_=-A",
 		HistoryStream:               "MY_HISTORY",
 		PublishTimeout:              time.Second,
 		AckWait:                     2 * time.Minute,
+		PinnedTTL:                   time.Minute,
 		MaxAckPending:               1,
 		Prefetch:                    3,
 		Replicas:                    1,
@@ -165,6 +171,13 @@ func TestNATSTopologyValidate_RefusesWhatCannotWork(t *testing.T) {
 		{"a prefix making a bad history name", NATSTopology{Prefix: "a>"}, "prefix"},
 		{"negative publish timeout", NATSTopology{PublishTimeout: -time.Second}, "negative"},
 		{"negative ack wait", NATSTopology{AckWait: -time.Second}, "negative"},
+		{"negative pinned TTL", NATSTopology{PinnedTTL: -time.Second}, "negative"},
+		{"pinned TTL below twice the pull expiry", NATSTopology{PinnedTTL: 10*time.Second - 1}, "unpins partitions from live workers"},
+		{"pinned TTL of one pull expiry", NATSTopology{PinnedTTL: 5 * time.Second}, "pinned TTL 5s is below 10s"},
+		{"ingest group longer than 16", NATSTopology{IngestGroup: "abcdefghijklmnopq"}, "ingest group"},
+		{"ingest group with a dot", NATSTopology{IngestGroup: "in.gest"}, "ingest group"},
+		{"ingest group with a space", NATSTopology{IngestGroup: "in gest"}, "ingest group"},
+		{"ingest group with a wildcard", NATSTopology{IngestGroup: "*"}, "ingest group"},
 		{"negative duplicate window", NATSTopology{DuplicateWindow: -time.Second}, "negative"},
 		{"negative history max age", NATSTopology{HistoryMaxAge: -time.Nanosecond}, "negative"},
 		{"negative max ack pending", NATSTopology{MaxAckPending: -1}, "negative"},
@@ -195,6 +208,63 @@ func TestNATSTopologyValidate_AcceptsADuplicateWindowOfExactlyTheMinimum(t *test
 	} {
 		if err := top.Validate(); err != nil {
 			t.Errorf("%+v: Validate() = %v", top, err)
+		}
+	}
+}
+
+func TestNATSTopologyValidate_AcceptsAPinnedTTLOfTwiceThePullExpiry(t *testing.T) {
+	if err := (NATSTopology{PinnedTTL: 2 * pullExpiry}).Validate(); err != nil {
+		t.Errorf("PinnedTTL %s: Validate() = %v", 2*pullExpiry, err)
+	}
+}
+
+// TestNATSTopologyValidate_AcceptsExactlyTheGroupNamesTheServerDoes creates a pinned
+// durable in each group on a real server: Validate accepts a name if and only if the
+// server does.
+func TestNATSTopologyValidate_AcceptsExactlyTheGroupNamesTheServerDoes(t *testing.T) {
+	t.Parallel()
+	f := newNATSFixture(t)
+	ctx := testCtx(t)
+	_, err := f.admin.CreateStream(ctx, jetstream.StreamConfig{Name: "G", Subjects: []string{"g.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := []string{"ingest", "a", "abcdefghijklmnop", "A-Z_0/9=x", "abcdefghijklmnopq", "in.gest", "in gest", "*", ">", "grüße", "a+b", "a\\b"}
+	accepted := 0
+	for i, group := range groups {
+		_, serverErr := f.admin.CreateConsumer(ctx, "G", jetstream.ConsumerConfig{
+			Durable: "D" + strconv.Itoa(i), AckPolicy: jetstream.AckExplicitPolicy,
+			PriorityPolicy: jetstream.PriorityPolicyPinned, PriorityGroups: []string{group}, PinnedTTL: time.Minute,
+		})
+		validateErr := NATSTopology{IngestGroup: group}.Validate()
+		if (serverErr == nil) != (validateErr == nil) {
+			t.Errorf("group %q: the server says %v, Validate says %v", group, serverErr, validateErr)
+		}
+		if serverErr == nil {
+			accepted++
+		}
+	}
+	if accepted != 4 {
+		t.Errorf("the server accepted %d of the groups, want the first 4", accepted)
+	}
+}
+
+func TestNATSTopologyWorkerSubject_IsThePrefixWorkersAndTheDurable(t *testing.T) {
+	for _, c := range []struct {
+		top  NATSTopology
+		want string
+	}{
+		{NATSTopology{}, "wh.workers.INGEST"},
+		{NATSTopology{Prefix: "acme-wh", IngestConsumer: "DURABLE-1"}, "acme-wh.workers.DURABLE-1"},
+	} {
+		top := c.top.WithDefaults()
+		if got := top.workerSubject(); got != c.want {
+			t.Errorf("workerSubject() = %q, want %q", got, c.want)
+		}
+		for _, other := range []string{top.subjects().ingestAll(), top.subjects().deadLetterAll()} {
+			if server.SubjectMatchesFilter(top.workerSubject(), other) {
+				t.Errorf("the worker subject %q is under %q", top.workerSubject(), other)
+			}
 		}
 	}
 }
@@ -311,18 +381,21 @@ func TestNATSTopologyPartitionConfig_IsAnInterestPartitionThatPushesBack(t *test
 	}
 }
 
-func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartition(t *testing.T) {
-	top := NATSTopology{Partitions: 2, AckWait: 90 * time.Second, MaxAckPending: 77}.WithDefaults()
+func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartitionPinnedToOneWorker(t *testing.T) {
+	top := NATSTopology{Partitions: 2, AckWait: 90 * time.Second, MaxAckPending: 77, IngestGroup: "g1", PinnedTTL: 20 * time.Second}.WithDefaults()
 	got := top.ingestConsumerConfig(1)
 	want := jetstream.ConsumerConfig{
-		Durable:       "INGEST",
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       90 * time.Second,
-		MaxDeliver:    -1,
-		MaxAckPending: 77,
-		FilterSubject: "wh.ingest.1.>",
-		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+		Durable:        "INGEST",
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        90 * time.Second,
+		MaxDeliver:     -1,
+		MaxAckPending:  77,
+		FilterSubject:  "wh.ingest.1.>",
+		ReplayPolicy:   jetstream.ReplayInstantPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{"g1"},
+		PinnedTTL:      20 * time.Second,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("ingestConsumerConfig(1) =\n%+v\nwant\n%+v", got, want)
@@ -336,6 +409,9 @@ func TestNATSTopologyIngestConsumerConfig_IsAnExplicitAckDurableOnThePartition(t
 	def := NATSTopology{}.WithDefaults().ingestConsumerConfig(0)
 	if def.AckWait != 60*time.Second || def.MaxAckPending != 10000 || def.FilterSubject != "wh.ingest.0.>" {
 		t.Errorf("default ingest consumer: ack wait %s, max ack pending %d, filter %q", def.AckWait, def.MaxAckPending, def.FilterSubject)
+	}
+	if !slices.Equal(def.PriorityGroups, []string{"ingest"}) || def.PinnedTTL != 15*time.Second {
+		t.Errorf("default ingest consumer: priority groups %v, pinned TTL %s", def.PriorityGroups, def.PinnedTTL)
 	}
 }
 

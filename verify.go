@@ -409,10 +409,30 @@ func (v *verifier) checkDurable(ctx context.Context, p int, stream string) error
 		v.add(Required, obj, "max_request_expires", "is %s, must be 0 or at least the worker's pull expiry %s: every pull would be refused",
 			cfg.MaxRequestExpires, pullExpiry)
 	}
-	if cfg.PriorityPolicy != jetstream.PriorityPolicyNone {
-		v.add(Required, obj, "priority_policy", "is %s, must be none: the worker pulls every partition itself", jsonName(cfg.PriorityPolicy))
-	}
+	v.checkPinning(obj, cfg)
 	return nil
+}
+
+// checkPinning checks that the durable pins each partition to one worker at a time, in
+// the group the workers pull in, for long enough that a live worker keeps its pin.
+func (v *verifier) checkPinning(obj string, cfg jetstream.ConsumerConfig) {
+	if cfg.PriorityPolicy != jetstream.PriorityPolicyPinned {
+		v.add(Required, obj, "priority_policy", "is %s, must be pinned_client: otherwise several workers pull the partition at once and interleave a tenant's events",
+			cmp.Or(jsonName(cfg.PriorityPolicy), "none"))
+		return // groups and a TTL pin nothing without the policy
+	}
+	if !slices.Contains(cfg.PriorityGroups, v.topo.IngestGroup) {
+		v.add(Required, obj, "priority_groups", "is %v, must include %q: the workers pull in that group, and the server refuses a pull in any other",
+			cfg.PriorityGroups, v.topo.IngestGroup)
+	}
+	switch {
+	case cfg.PinnedTTL < minPinnedTTL:
+		v.add(Required, obj, "priority_timeout", "is %s, must be at least %s (the pinned TTL; twice the worker's pull expiry %s): an idle worker pulls again only once its pull expires, so live workers would lose their pin",
+			cfg.PinnedTTL, minPinnedTTL, pullExpiry)
+	case cfg.PinnedTTL > cfg.AckWait:
+		v.add(Recommended, obj, "priority_timeout", "is %s, above the ack wait %s (the pinned TTL): a dead worker's partitions wait longer for another worker than its unsettled events wait for redelivery",
+			cfg.PinnedTTL, cfg.AckWait)
+	}
 }
 
 // checkExtraPartitions reports streams holding ingest subjects that are not one of the

@@ -126,8 +126,11 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		}, req(stream(p2), "metadata"), nil},
 		{"durable missing", func(t *testing.T, s *shape) { delete(s.consumers, p1) }, req(durable(p1), "durable_name"), nil},
 		{"durable is a push consumer", func(t *testing.T, s *shape) {
-			s.consumer(t, p0).DeliverSubject = "push.here"
-		}, req(durable(p0), "deliver_subject"), nil},
+			c := s.consumer(t, p0)
+			c.DeliverSubject = "push.here"
+			// A push consumer cannot have priority groups.
+			c.PriorityPolicy, c.PriorityGroups, c.PinnedTTL = jetstream.PriorityPolicyNone, nil, 0
+		}, req(durable(p0), "deliver_subject"), []finding{req(durable(p0), "priority_policy")}},
 		{"durable ack_policy", func(t *testing.T, s *shape) {
 			c := s.consumer(t, p0)
 			c.AckPolicy, c.MaxAckPending = jetstream.AckAllPolicy, defaultMaxAckPending
@@ -143,10 +146,24 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		{"durable inactive_threshold", func(t *testing.T, s *shape) { s.consumer(t, p0).InactiveThreshold = time.Hour }, req(durable(p0), "inactive_threshold"), nil},
 		{"durable max_request_batch below the prefetch share", func(t *testing.T, s *shape) { s.consumer(t, p0).MaxRequestBatch = 10 }, req(durable(p0), "max_request_batch"), nil},
 		{"durable max_request_expires below the pull expiry", func(t *testing.T, s *shape) { s.consumer(t, p0).MaxRequestExpires = time.Second }, req(durable(p0), "max_request_expires"), nil},
-		{"durable priority_policy", func(t *testing.T, s *shape) {
+		{"durable priority_policy none", func(t *testing.T, s *shape) {
 			c := s.consumer(t, p0)
-			c.PriorityPolicy, c.PriorityGroups, c.PinnedTTL = jetstream.PriorityPolicyPinned, []string{"g"}, time.Minute
+			c.PriorityPolicy, c.PriorityGroups, c.PinnedTTL = jetstream.PriorityPolicyNone, nil, 0
 		}, req(durable(p0), "priority_policy"), nil},
+		{"durable priority_policy overflow", func(t *testing.T, s *shape) {
+			c := s.consumer(t, p0)
+			c.PriorityPolicy, c.PinnedTTL = jetstream.PriorityPolicyOverflow, 0
+		}, req(durable(p0), "priority_policy"), nil},
+		{"durable priority_groups without the workers' group", func(t *testing.T, s *shape) {
+			s.consumer(t, p0).PriorityGroups = []string{"other"}
+		}, req(durable(p0), "priority_groups"), nil},
+		{"durable priority_timeout below twice the pull expiry", func(t *testing.T, s *shape) {
+			s.consumer(t, p0).PinnedTTL = 2*pullExpiry - time.Second
+		}, req(durable(p0), "priority_timeout"), nil},
+		{"durable priority_timeout above the ack wait", func(t *testing.T, s *shape) {
+			c := s.consumer(t, p0)
+			c.PinnedTTL = c.AckWait + time.Second
+		}, rec(durable(p0), "priority_timeout"), nil},
 		{"an extra stream the worker drains", func(t *testing.T, s *shape) {
 			s.streams = append(s.streams, jetstream.StreamConfig{Name: "OLD", Subjects: []string{"wh.ingest.9.>"}, Retention: jetstream.InterestPolicy})
 			s.consumers["OLD"] = []jetstream.ConsumerConfig{{Durable: "INGEST", AckPolicy: jetstream.AckExplicitPolicy}}
@@ -186,18 +203,22 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 	// says is what a rule's problem must say: an enum value is spelled as in
 	// JetStream's JSON, like the field that holds it, in every finding.
 	says := map[string]string{
-		"partition retention":     "is limits, must be interest",
-		"partition discard":       "is old, must be new",
-		"partition storage":       "is memory, must be file",
-		"durable ack_policy":      "is all, must be explicit",
-		"durable deliver_policy":  "is new, must be all",
-		"durable replay_policy":   "is original, must be instant",
-		"durable priority_policy": "is pinned_client, must be none",
-		"history retention":       "is interest, must be limits",
-		"history discard":         "is new, must be old",
-		"dead-letter retention":   "is interest, must be limits",
-		"dead-letter discard":     "is new, must be old",
-		"dead-letter storage":     "is memory, must be file",
+		"partition retention":                                  "is limits, must be interest",
+		"partition discard":                                    "is old, must be new",
+		"partition storage":                                    "is memory, must be file",
+		"durable ack_policy":                                   "is all, must be explicit",
+		"durable deliver_policy":                               "is new, must be all",
+		"durable replay_policy":                                "is original, must be instant",
+		"durable priority_policy none":                         "is none, must be pinned_client",
+		"durable priority_policy overflow":                     "is overflow, must be pinned_client",
+		"durable priority_groups without the workers' group":   `must include "ingest"`,
+		"durable priority_timeout below twice the pull expiry": "must be at least 10s",
+		"durable priority_timeout above the ack wait":          "above the ack wait 1m0s",
+		"history retention":                                    "is interest, must be limits",
+		"history discard":                                      "is new, must be old",
+		"dead-letter retention":                                "is interest, must be limits",
+		"dead-letter discard":                                  "is new, must be old",
+		"dead-letter storage":                                  "is memory, must be file",
 	}
 	known := map[string]bool{}
 	for _, tc := range cases {

@@ -122,7 +122,7 @@ func (w *worker) Consume(handler Handler, prefetch int) (func(), <-chan error, e
 		prefetch = c.topo.Prefetch
 	}
 	d := newDispatcher(c, w.ctx, w.durable, handler, w.policy, max(1, prefetch/len(c.partitions)))
-	d.group = newGroup(d, workersSubject(c.topo.Prefix, w.durable), w.policy.memberTimeout)
+	d.group = newGroup(d, c.topo.workerSubject(), w.policy.memberTimeout)
 	for _, p := range w.policy.claim {
 		if err := d.take(p); err != nil {
 			d.stop()
@@ -168,8 +168,10 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 		jetstream.PullMaxMessages(d.share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
 		jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) { d.pullError(u, cc, err) }),
 	}
-	if cfg.PriorityPolicy == jetstream.PriorityPolicyPinned && len(cfg.PriorityGroups) > 0 {
-		u.group = cfg.PriorityGroups[0]
+	// A durable with priority groups refuses a pull without one ("Priority Group
+	// missing"); one without takes only a pull without.
+	if len(cfg.PriorityGroups) > 0 {
+		u.group = c.topo.IngestGroup
 		opts = append(opts, jetstream.PullPriorityGroup(u.group))
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) { d.arrive(u, m) }, opts...)

@@ -17,6 +17,10 @@ import (
 // lane at a time. A lane whose event failed is held until that event comes back, so a
 // tenant's order survives retries while other tenants go on.
 
+// pinIDHeader carries the pin a message of a pinned_client durable was delivered
+// under (nats-server's JSPullRequestNatsPinId).
+const pinIDHeader = "Nats-Pin-Id"
+
 // keepAlive runs every keepAlivePeriod, or a sixth of the shortest ack wait, never
 // more often than minKeepAlivePeriod.
 const (
@@ -54,7 +58,8 @@ type dispatcher struct {
 type unit struct {
 	p          int
 	stream     string
-	group      string // the durable's priority group; "" when it has none
+	group      string                 // the durable's priority group; "" when it has none
+	pin        atomic.Pointer[string] // the pin the server last delivered under
 	ackWait    time.Duration
 	cc         jetstream.ConsumeContext
 	lastErr    atomic.Pointer[error] // several concrete types: not an atomic.Value
@@ -155,6 +160,11 @@ func (d *dispatcher) over() bool { return d.stopped || d.reported }
 
 // arrive files a delivery into its tenant's lane.
 func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
+	if id := m.Headers().Get(pinIDHeader); id != "" {
+		if cur := u.pin.Load(); cur == nil || *cur != id {
+			u.pin.Store(&id)
+		}
+	}
 	e := &entry{m: m, settler: d.core.settler(m), part: u.p, ackWait: u.ackWait, extended: time.Now()}
 	var ts time.Time
 	if meta, err := m.Metadata(); err == nil {

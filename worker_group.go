@@ -29,9 +29,6 @@ import (
 // wait after it fell silent, when every event it held has come back to the server
 // ahead of anything later of its tenants.
 
-// workersSubject is the core NATS subject of the heartbeats of durable's workers.
-func workersSubject(prefix, durable string) string { return prefix + ".workers." + durable }
-
 // beat is one member's heartbeat.
 type beat struct {
 	ID      string `json:"id"`

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The worker's end: a graceful stop, and a partition given up (at stop, on a
@@ -163,9 +165,15 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout)
 	defer cancel()
-	// The server must have dropped the pull's interest before the naks: it would
-	// redeliver to a pull request it still holds, into the void until the ack wait.
+	// The server must have dropped the drained pull before the naks. It keeps a pull
+	// request until it next looks at it: it would redeliver into the void until the
+	// ack wait, and on a pinned durable it pins a partition that has no pin to the
+	// first request waiting before it checks that anyone still listens to it
+	// (nats-server v2.15.2, consumer.nextWaiting), for the whole pinned TTL. The
+	// flush makes the server see the unsubscribe; reading the durable's info drops
+	// the requests nobody listens to.
 	_ = d.core.nc.FlushWithContext(ctx)
+	cons, infoErr := d.core.js.Consumer(ctx, u.stream, d.durable)
 	held, delayed := d.takeHeld(u)
 	for _, e := range held {
 		var err error
@@ -182,8 +190,8 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 		}
 	}
 	_ = d.core.nc.FlushWithContext(ctx)
-	if u.group != "" && !d.core.nc.IsClosed() {
-		d.unpin(ctx, u)
+	if u.group != "" && infoErr == nil && !d.core.nc.IsClosed() {
+		d.unpin(ctx, u, cons)
 	}
 }
 
@@ -228,14 +236,26 @@ func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
 	return held, delayed
 }
 
-// unpin lets the server pin u's partition to the next worker now rather than after the
-// pinned TTL.
-func (d *dispatcher) unpin(ctx context.Context, u *unit) {
-	stream, err := d.core.js.Stream(ctx, u.stream)
-	if err == nil {
-		err = stream.UnpinConsumer(ctx, d.durable, u.group)
+// unpin lets the server pin u's partition to the next worker now rather than after
+// the pinned TTL (measured: a second Consume in one process waited the whole 15 s). A
+// partition the server pinned to another worker since is left alone: unpinning it
+// would let a third take it while that one holds events unsettled.
+func (d *dispatcher) unpin(ctx context.Context, u *unit, cons jetstream.Consumer) {
+	held := u.pin.Load()
+	if held == nil {
+		return
 	}
-	if err != nil {
-		d.core.log.Debug("mq: cannot unpin a released partition; the pinned TTL frees it", "stream", u.stream, "error", err)
+	for _, g := range cons.CachedInfo().PriorityGroups {
+		if g.Group != u.group || g.PinnedClientID != *held {
+			continue
+		}
+		stream, err := d.core.js.Stream(ctx, u.stream)
+		if err == nil {
+			err = stream.UnpinConsumer(ctx, d.durable, u.group)
+		}
+		if err != nil {
+			d.core.log.Info("mq: could not hand back a partition of the ingest durable; it waits for its pinned TTL",
+				"stream", u.stream, "consumer", d.durable, "pinned_ttl", d.core.topo.PinnedTTL, "error", err)
+		}
 	}
 }

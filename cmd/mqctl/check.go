@@ -38,6 +38,7 @@ func runCheck(ctx context.Context, e *env, args []string) int {
 	fs.IntVar(&cfg.Partitions, "partitions", 4, "ingest partitions the application runs")
 	fs.StringVar(&cfg.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
 	fs.StringVar(&cfg.IngestConsumer, "ingest-consumer", "", "the ingest durable (default INGEST)")
+	fs.StringVar(&cfg.IngestGroup, "ingest-group", "", "the priority group the workers pull the durable in (default ingest)")
 	fs.DurationVar(&cfg.TopologyWait, "wait", 10*time.Second, "how long to wait for the connection")
 	if code := parse(fs, args); code >= 0 {
 		return code
