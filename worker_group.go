@@ -148,6 +148,9 @@ func (g *group) hear(m *nats.Msg) {
 			}
 		}
 	}
+	for _, p := range b.Owned {
+		delete(g.released, p) // held again: a release seen earlier no longer counts
+	}
 	newcomer := old == nil && !b.Leaving
 	g.mu.Unlock()
 	if newcomer {
@@ -265,6 +268,7 @@ func (g *group) rebalance() {
 	for _, p := range orphans {
 		g.wg.Go(func() {
 			if g.settledSince(p, since[p], now) {
+				g.unpinSilent(p)
 				g.takeUp(p)
 				return
 			}
@@ -288,6 +292,22 @@ func (g *group) settledSince(p int, since, now time.Time) bool {
 	}
 	info := cons.CachedInfo()
 	return info.NumAckPending == 0 || now.Sub(since) > info.Config.AckWait
+}
+
+// unpinSilent frees partition p from the pin of the member that fell silent, rather
+// than wait out the durable's pinned TTL (measured: 15 s by default). It is safe
+// because settledSince holds: nothing the silent member held can still be unsettled.
+func (g *group) unpinSilent(p int) {
+	c := g.d.core
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
+	defer cancel()
+	stream, err := c.js.Stream(ctx, c.partitions[p])
+	if err == nil {
+		err = stream.UnpinConsumer(ctx, g.d.durable, c.topo.IngestGroup)
+	}
+	if err != nil {
+		c.log.Debug("mq: cannot unpin a silent worker's partition; its pinned TTL frees it", "stream", c.partitions[p], "error", err)
+	}
 }
 
 func (g *group) takeUp(p int) {
