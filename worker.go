@@ -178,7 +178,15 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	if err != nil {
 		return c.mapRequestError("consume: "+d.durable+" on stream "+u.stream, err)
 	}
+	d.mu.Lock()
+	if u.releasing.Load() {
+		// Released while the pull started: release found no pull to drain.
+		d.mu.Unlock()
+		cc.Drain()
+		return nil
+	}
 	u.cc = cc
+	d.mu.Unlock()
 	go func() {
 		<-cc.Closed()
 		err := fmt.Errorf("%w: stream %s consumer %s", ErrDeliveryEnded, u.stream, d.durable)

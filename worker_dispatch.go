@@ -40,6 +40,7 @@ type dispatcher struct {
 
 	mu       sync.Mutex
 	wake     *sync.Cond // a lane became ready, or the delivery is over
+	room     *sync.Cond // a partition's waiting events went down, or a release began
 	lanes    map[TenantID]*lane
 	ready    []*lane
 	units    map[int]*unit
@@ -66,6 +67,7 @@ type unit struct {
 	checking   atomic.Bool
 	releasing  atomic.Bool
 	running    int               // handler calls in flight (under dispatcher.mu)
+	waiting    int               // events queued in lanes free to run (under dispatcher.mu)
 	idle       chan struct{}     // closed when running drops to 0 while releasing
 	returned   map[uint64]*entry // the handler returned without settling
 	late       []*entry          // arrived while releasing
@@ -117,6 +119,7 @@ func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Han
 		endTick: make(chan struct{}),
 	}
 	d.wake = sync.NewCond(&d.mu)
+	d.room = sync.NewCond(&d.mu)
 	d.pool.Add(policy.concurrency)
 	for range policy.concurrency {
 		go d.runLanes()
@@ -128,19 +131,23 @@ func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Han
 // take starts consuming partition p.
 func (d *dispatcher) take(p int) error {
 	u := d.newUnit(p)
-	if err := d.pull(u); err != nil {
-		return err
-	}
+	// Filed before the pull starts: its first deliveries find their partition.
 	d.mu.Lock()
 	if d.over() {
-		// Stopped meanwhile: stop has taken its list of partitions.
 		d.mu.Unlock()
-		d.release(u, time.Now().Add(d.policy.stopTimeout))
 		return ErrClosed
 	}
 	d.units[p] = u
 	d.mu.Unlock()
-	return nil
+	err := d.pull(u)
+	if err != nil {
+		d.mu.Lock()
+		if d.units[p] == u {
+			delete(d.units, p)
+		}
+		d.mu.Unlock()
+	}
+	return err
 }
 
 func (d *dispatcher) newUnit(p int) *unit {
@@ -178,50 +185,81 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.over() || u.releasing.Load() {
-		if u.released || d.reported {
-			// Nothing will hand it back later: at once, so it is not left to the ack
-			// wait.
-			go func() { _ = m.Nak() }()
-			return
-		}
-		u.late = append(u.late, e)
+		d.late(u, e)
 		return
 	}
-	if old := u.returned[e.seq]; old != nil {
-		delete(u.returned, e.seq) // redelivered while its handler holds it: at least once
+	delete(u.returned, e.seq) // redelivered while the host holds it: at least once
+	for {
+		l := d.lanes[TenantID(tenant)]
+		if l == nil {
+			l = &lane{tenant: TenantID(tenant), part: u.p}
+			d.lanes[l.tenant] = l
+		}
+		switch {
+		case l.running != nil && l.running.seq == e.seq:
+			return // the ack wait ran out under a long call; it comes back if that call fails
+		case l.blocked != nil && l.blocked.seq == e.seq:
+			d.unblock(u, l)
+		case l.blocked == nil && u.waiting >= d.waitLimit():
+			// Backpressure: the pull waits while the partition has a full batch
+			// waiting for a handler. Events held behind a retry do not count, so a
+			// held tenant never stops the others of its partition; they are bounded
+			// by the durable's MaxAckPending.
+			d.room.Wait()
+			if d.over() || u.releasing.Load() {
+				d.late(u, e)
+				return
+			}
+			// Look again: meanwhile the lane may have emptied and been dropped (a
+			// new one must not run beside it), or been held.
+			continue
+		}
+		if l.insert(e) && l.blocked == nil {
+			u.waiting++
+		}
+		d.schedule(l)
+		return
 	}
-	l := d.lanes[TenantID(tenant)]
-	if l == nil {
-		l = &lane{tenant: TenantID(tenant), part: u.p}
-		d.lanes[l.tenant] = l
+}
+
+// late files e, delivered after the end of its partition's delivery began, to be
+// handed back with the rest, or hands it back at once when that already happened.
+// Called with d.mu held.
+func (d *dispatcher) late(u *unit, e *entry) {
+	if u.released || d.reported {
+		go func() { _ = e.m.Nak() }() // not left to the ack wait
+		return
 	}
-	switch {
-	case l.running != nil && l.running.seq == e.seq:
-		return // the ack wait ran out under a long call; it comes back if that call fails
-	case l.blocked != nil && l.blocked.seq == e.seq:
-		l.blocked = nil
-	}
-	l.insert(e)
-	d.schedule(l)
+	u.late = append(u.late, e)
+}
+
+// waitLimit is how many events a partition may have waiting for a handler: two
+// pull batches, and at least one per handler.
+func (d *dispatcher) waitLimit() int { return max(2*d.share, d.policy.concurrency) }
+
+// block holds lane l behind its failed event e; its queue stops counting as waiting.
+func (d *dispatcher) block(u *unit, l *lane, e *entry) {
+	l.blocked = e
+	u.waiting -= len(l.queue)
+	d.room.Broadcast()
+}
+
+// unblock frees lane l; its queue counts as waiting again.
+func (d *dispatcher) unblock(u *unit, l *lane) {
+	l.blocked = nil
+	u.waiting += len(l.queue)
 }
 
 // insert puts e into the queue in sequence order, replacing an earlier delivery of the
-// same event (its ack wait ran out while it waited).
-func (l *lane) insert(e *entry) {
-	i, found := slices.BinarySearchFunc(l.queue, e.seq, func(q *entry, seq uint64) int {
-		switch {
-		case q.seq < seq:
-			return -1
-		case q.seq > seq:
-			return 1
-		}
-		return 0
-	})
+// same event (its ack wait ran out while it waited); it reports whether e is new.
+func (l *lane) insert(e *entry) bool {
+	i, found := slices.BinarySearchFunc(l.queue, e.seq, func(q *entry, seq uint64) int { return cmp.Compare(q.seq, seq) })
 	if found {
 		l.queue[i] = e
-		return
+		return false
 	}
 	l.queue = slices.Insert(l.queue, i, e)
+	return true
 }
 
 // schedule puts l on the ready list when it has work and nothing holds it.
@@ -260,6 +298,8 @@ func (d *dispatcher) runLanes() {
 		l.queue = l.queue[1:]
 		l.running = e
 		u.running++
+		u.waiting--
+		d.room.Broadcast()
 		t := d.tries[eventRef{e.part, e.seq}]
 		if t == nil {
 			t = &tries{first: time.Now()}
@@ -272,7 +312,7 @@ func (d *dispatcher) runLanes() {
 		l.running = nil
 		u.running--
 		if hold {
-			l.blocked = e
+			d.block(u, l, e)
 			l.until = time.Now().Add(d.retryDelay(e) + u.ackWait + d.core.topo.PublishTimeout)
 		} else if !e.acked && !e.naked {
 			u.returned[e.seq] = e
@@ -333,7 +373,11 @@ func (d *dispatcher) keepAlive() {
 			if l.blocked != nil && now.After(l.until) {
 				d.core.log.Warn("mq: a retried event did not come back; its tenant goes on",
 					"stream", d.core.partitions[l.part], "seq", l.blocked.seq, "tenant", l.tenant)
-				l.blocked = nil
+				if u := d.units[l.part]; u != nil {
+					d.unblock(u, l)
+				} else {
+					l.blocked = nil
+				}
 				d.schedule(l)
 			}
 			for _, e := range l.queue {

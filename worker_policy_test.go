@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -429,5 +430,66 @@ func TestWorker_CloseHandsBackWhatAHandlerReturnedUnsettledAndStopLeavesItToTheH
 		assert.Equal(t, 2, m.Attempt)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the event a closed worker held waited for the ack wait")
+	}
+}
+
+func TestWorker_ASlowHandlerKeepsThePullFromRunningFarAhead(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	tenant := tenantsOn(t, e, 1)[0]
+	const n = 2000
+	for i := range n {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: tenant, Table: "t"}, []byte(strconv.Itoa(i))))
+	}
+	cons, err := e.CreateConsumer(ctx, ConsumerConfig{Concurrency: 1})
+	require.NoError(t, err)
+	var handled atomic.Int64
+	stop, _, err := cons.Consume(func(m *Message) error {
+		time.Sleep(2 * time.Millisecond)
+		handled.Add(1)
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	require.Eventually(t, func() bool { return handled.Load() >= 100 }, 30*time.Second, 10*time.Millisecond)
+	c, err := e.js.Consumer(ctx, e.topo.PartitionStream(partitionOf(t, e, tenant)), e.topo.IngestConsumer)
+	require.NoError(t, err)
+	// Two batches waiting, one in the client and one on its way, and the running call.
+	share := e.topo.Prefetch / e.topo.Partitions
+	bound := 4*share + 1
+	assert.LessOrEqual(t, c.CachedInfo().NumAckPending, bound, "the worker held %d unsettled events", c.CachedInfo().NumAckPending)
+}
+
+func TestWorker_AHeldTenantsBacklogBeyondTheWaitLimitDoesNotStopItsPartitionsOtherTenants(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	tenants := tenantsOn(t, e, 2)
+	held, other := tenants[0], tenants[1]
+	cons, err := e.CreateConsumer(ctx, ConsumerConfig{RetryDelay: time.Minute})
+	require.NoError(t, err)
+	got := make(chan string, 16)
+	stop, _, err := cons.Consume(func(m *Message) error {
+		if m.Topic().Tenant == held {
+			return fmt.Errorf("poison") // the first fails and holds the rest
+		}
+		got <- string(m.Data)
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	// Far more than the partition may have waiting (two batches of 125).
+	for i := range 1000 {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: held, Table: "t"}, []byte(strconv.Itoa(i))))
+	}
+	for i := range 3 {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: other, Table: "t"}, []byte("other-"+strconv.Itoa(i))))
+	}
+	for i := range 3 {
+		select {
+		case d := <-got:
+			assert.Equal(t, "other-"+strconv.Itoa(i), d)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the other tenant of the held tenant's partition got %d of 3", i)
+		}
 	}
 }

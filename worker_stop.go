@@ -27,6 +27,7 @@ func (d *dispatcher) stop() {
 	}
 	d.stopped = true
 	d.wake.Broadcast()
+	d.room.Broadcast()
 	d.mu.Unlock()
 	d.leave(time.Now().Add(d.policy.stopTimeout))
 	close(d.done)
@@ -126,6 +127,7 @@ func (d *dispatcher) ended(err error) {
 	d.reported = true
 	d.failed <- err // buffered for exactly this one report
 	d.wake.Broadcast()
+	d.room.Broadcast()
 	d.mu.Unlock()
 	go d.leave(time.Now().Add(d.policy.stopTimeout))
 }
@@ -144,16 +146,18 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 	if u.running == 0 {
 		close(u.idle)
 	}
+	d.room.Broadcast() // a pull waiting for room files its event as late
+	cc := u.cc
 	d.mu.Unlock()
 	defer close(u.handedBack)
-	if u.cc != nil {
+	if cc != nil {
 		// Drain, not Stop: a pull the server holds keeps delivering until the
 		// unsubscribe reaches it, and a stopped subscription would drop those events
 		// into the void for a whole ack wait. Drained ones arrive as late and go back
 		// with the rest.
-		u.cc.Drain()
+		cc.Drain()
 		select {
-		case <-u.cc.Closed():
+		case <-cc.Closed():
 		case <-time.After(time.Until(deadline)):
 		}
 	}
@@ -219,7 +223,7 @@ func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
 		}
 	}
 	held = append(held, u.late...)
-	u.late, u.released = nil, true
+	u.late, u.released, u.waiting = nil, true, 0
 	// The latest delivery of an event is the one whose reply the server honours.
 	latest := make(map[uint64]*entry, len(held))
 	for _, e := range held {
