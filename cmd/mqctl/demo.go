@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"slices"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/wavehouse/mq"
@@ -426,33 +424,6 @@ func (d *demoRun) problem(format string, args ...any) {
 	d.problems = append(d.problems, fmt.Sprintf(format, args...))
 }
 
-// publish publishes every tenant's events[from:to], one goroutine per tenant so each
-// tenant's events go out in order while tenants run concurrently.
-func (d *demoRun) publish(ctx context.Context, from, to int) error {
-	var wg sync.WaitGroup
-	errs := make([]error, len(demoTenants))
-	for i, tenant := range demoTenants {
-		wg.Go(func() {
-			for _, ev := range d.plan.events[tenant][from:to] {
-				data, err := json.Marshal(ev)
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				if err := d.broker.Publish(ctx, ev.topic(), data, mq.WithHeader("X-Demo-Id", ev.id())); err != nil {
-					errs[i] = fmt.Errorf("publish %s %s: %w", ev.id(), ev.topic(), err)
-					return
-				}
-				d.mu.Lock()
-				d.published++
-				d.mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
 // decode reads a delivered event and checks that its topic is the one it was
 // published on; it records a problem and returns false if not.
 func (d *demoRun) decode(path string, msg *mq.Message) (demoEvent, bool) {
@@ -466,81 +437,6 @@ func (d *demoRun) decode(path string, msg *mq.Message) (demoEvent, bool) {
 		return ev, false
 	}
 	return ev, true
-}
-
-// worker is the ingest worker's handler: it "writes" every event (DoubleAck) and parks
-// the poison one on the dead-letter queue before acking it.
-func (d *demoRun) worker(msg *mq.Message) error {
-	d.mu.Lock()
-	d.deliveries++
-	ev, ok := d.decode("worker", msg)
-	alreadyParked := d.parked[ev.id()]
-	d.mu.Unlock()
-	if !ok {
-		return msg.Ack() // nothing a redelivery could fix; the problem fails the demo
-	}
-	if ev.Poison && !alreadyParked {
-		err := d.broker.DeadLetter(msg.Ctx, msg, mq.WithHeader("X-Error", "demo worker: poison event rejected"))
-		if err != nil {
-			return err // not parked: nak, so the park is tried again on redelivery
-		}
-		d.mu.Lock()
-		d.parked[ev.id()] = true
-		d.mu.Unlock()
-	}
-	if err := msg.DoubleAck(msg.Ctx); err != nil {
-		d.mu.Lock()
-		d.problem("worker: DoubleAck %s: %v", ev.id(), err)
-		d.mu.Unlock()
-		return nil // settled (or tried): returning the error would also nak it
-	}
-	d.mu.Lock()
-	d.written[ev.id()] = true
-	d.mu.Unlock()
-	return nil
-}
-
-// hub is the live subscription's handler: it counts and checks per-tenant order.
-func (d *demoRun) hub(msg *mq.Message) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ev, ok := d.decode("hub", msg)
-	if !ok {
-		return nil
-	}
-	d.hubSeen++
-	if last := d.hubLast[ev.Tenant]; ev.Seq != last+1 {
-		d.problem("hub: %s after %s#%d: out of order", ev.id(), ev.Tenant, last)
-	}
-	d.hubLast[ev.Tenant] = ev.Seq
-	return nil
-}
-
-// replay counts the events ReplaySince sends for the plan's replay topic since since,
-// checking topic, stored time and order.
-func (d *demoRun) replay(ctx context.Context, since time.Time) (int, error) {
-	n, last := 0, 0
-	err := d.broker.ReplaySince(ctx, d.plan.replayTo, since, func(msg *mq.Message) bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		ev, ok := d.decode("replay", msg)
-		switch {
-		case !ok:
-		case ev.topic() != d.plan.replayTo:
-			d.problem("replay: %s of topic %s in a replay of %s", ev.id(), ev.topic(), d.plan.replayTo)
-		case msg.Timestamp.Before(since):
-			d.problem("replay: %s stored %s, before since %s", ev.id(), msg.Timestamp, since)
-		case ev.Seq <= last:
-			d.problem("replay: %s after #%d: out of order", ev.id(), last)
-		}
-		last = ev.Seq
-		n++
-		return true
-	})
-	if err != nil {
-		return n, fmt.Errorf("replay %s: %w", d.plan.replayTo, err)
-	}
-	return n, nil
 }
 
 // waitFor polls done until it reports true, the worker fails, or ctx ends.
@@ -560,84 +456,4 @@ func (d *demoRun) waitFor(ctx context.Context, what string, failed <-chan error,
 		case <-tick.C:
 		}
 	}
-}
-
-func (d *demoRun) summary(checks []demoCheck, dlq map[mq.TenantID]mq.DeadLetterCounts, total time.Duration) {
-	fmt.Fprintln(d.out, "\nsummary")
-	w := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "  count\tgot\twant\tresult")
-	for _, c := range checks {
-		mark := "ok"
-		if c.got != c.want {
-			mark = "MISMATCH"
-		}
-		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", c.what, c.got, c.want, mark)
-	}
-	_ = w.Flush()
-
-	fmt.Fprintln(d.out, "\ndead letters per table")
-	w = tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "  tenant\t%s\ttotal\n", strings.Join(demoTables, "\t"))
-	for _, t := range demoTenants {
-		row := []string{"  " + string(t)}
-		for _, table := range demoTables {
-			row = append(row, fmt.Sprint(dlq[t].Tables[table]))
-		}
-		row = append(row, fmt.Sprint(dlq[t].Total))
-		fmt.Fprintln(w, strings.Join(row, "\t"))
-	}
-	_ = w.Flush()
-
-	fmt.Fprintln(d.out, "\nphases")
-	w = tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	for _, p := range d.phases {
-		fmt.Fprintf(w, "  %s\t%s\n", p.name, round(p.took))
-	}
-	fmt.Fprintf(w, "  total\t%s\n", round(total))
-	_ = w.Flush()
-}
-
-func round(d time.Duration) time.Duration {
-	if d > time.Second {
-		return d.Round(10 * time.Millisecond)
-	}
-	return d.Round(100 * time.Microsecond)
-}
-
-func mib(n int64) string {
-	if n%(1<<20) == 0 {
-		return fmt.Sprintf("%dMiB", n>>20)
-	}
-	return fmt.Sprintf("%dB", n)
-}
-
-func joinTenants(ts []mq.TenantID) string {
-	s := make([]string, len(ts))
-	for i, t := range ts {
-		s[i] = string(t)
-	}
-	return strings.Join(s, ", ")
-}
-
-// formatCounts renders a per-table count map in table order, e.g. "orders=1"; "-" if
-// nothing is parked.
-func formatCounts(m map[string]uint64) string {
-	var parts []string
-	for _, table := range slices.Sorted(maps.Keys(m)) {
-		if m[table] > 0 {
-			parts = append(parts, fmt.Sprintf("%s=%d", table, m[table]))
-		}
-	}
-	if len(parts) == 0 {
-		return "-"
-	}
-	return strings.Join(parts, ",")
-}
-
-func formatTotals(dlq map[mq.TenantID]mq.DeadLetterCounts) string {
-	parts := make([]string, 0, len(demoTenants))
-	for _, t := range demoTenants {
-		parts = append(parts, fmt.Sprintf("%s %d", t, dlq[t].Total))
-	}
-	return strings.Join(parts, ", ")
 }
