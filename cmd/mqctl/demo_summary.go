@@ -11,11 +11,13 @@ import (
 	"github.com/wavehouse/mq"
 )
 
-func (d *demoRun) summary(checks []demoCheck, dlq map[mq.TenantID]mq.DeadLetterCounts, total time.Duration) {
+// summary prints every check against its expectation, then what the workers handled,
+// the poison event's attempts, the dead letters and the phases' times.
+func (d *demoRun) summary(dl demoDeadLetters, total time.Duration) {
 	fmt.Fprintln(d.out, "\nsummary")
 	w := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "  count\tgot\twant\tresult")
-	for _, c := range checks {
+	for _, c := range d.checks {
 		mark := "ok"
 		if c.got != c.want {
 			mark = "MISMATCH"
@@ -24,6 +26,11 @@ func (d *demoRun) summary(checks []demoCheck, dlq map[mq.TenantID]mq.DeadLetterC
 	}
 	_ = w.Flush()
 
+	d.mu.Lock()
+	d.workerSummary()
+	d.mu.Unlock()
+
+	dlq := dl.counts
 	fmt.Fprintln(d.out, "\ndead letters per table")
 	w = tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "  tenant\t%s\ttotal\n", strings.Join(demoTables, "\t"))
@@ -44,6 +51,41 @@ func (d *demoRun) summary(checks []demoCheck, dlq map[mq.TenantID]mq.DeadLetterC
 	}
 	fmt.Fprintf(w, "  total\t%s\n", round(total))
 	_ = w.Flush()
+}
+
+// workerSummary prints, under d.mu, each worker's calls, writes, tenants and the
+// partitions those tenants are on, then the handler's calls on the poison event.
+func (d *demoRun) workerSummary() {
+	fmt.Fprintln(d.out, "\nworkers (partitions: those of the tenants each one handled, by mq.Partition)")
+	w := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  worker\tcalls\twritten\ttenants (calls)\tpartitions")
+	for _, m := range d.fleet.members {
+		var tenants []string
+		for _, t := range slices.Sorted(maps.Keys(m.tenants)) {
+			tenants = append(tenants, fmt.Sprintf("%s (%d)", t, m.tenants[t]))
+		}
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%s\t%s\n", m.name, m.calls, m.written, orDash(strings.Join(tenants, ", ")),
+			orDash(strings.Trim(strings.Join(strings.Fields(fmt.Sprint(d.partitionsOf(m))), ", "), "[]")))
+	}
+	_ = w.Flush()
+	fmt.Fprintf(d.out, "  partition handovers: %d (a partition's calls moving to the other worker)\n", d.fleet.handovers)
+
+	poison := d.plan.poison
+	fmt.Fprintf(d.out, "\npoison event %s (%s), as the handler saw it\n", poison.id(), poison.topic())
+	w = tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  attempt\tworker\tcall\tafter\tsequence\tid\treturned")
+	for _, a := range d.fleet.poison {
+		after := a.at.Sub(d.fleet.poison[0].at)
+		fmt.Fprintf(w, "  %d\t%s\t#%d\t%s\t%d\t%s\t%s\n", a.attempt, a.worker, a.call, round(after), a.sequence, a.id, a.err)
+	}
+	_ = w.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func round(d time.Duration) time.Duration {
