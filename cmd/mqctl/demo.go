@@ -195,15 +195,17 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		}
 	}()
 
-	// 1. The broker.
+	// 1. The broker, listening on loopback as well: the dead-letter reader connects
+	// to it with a client of its own (see demo_deadletter.go).
 	var broker *mq.EmbeddedNATS
 	if err := d.step("start embedded broker", func() error {
 		var err error
-		broker, err = mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, Topology: d.topo, Logger: logger})
+		broker, err = mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, ListenAddr: "127.0.0.1:0",
+			Topology: d.topo, Logger: logger})
 		if err != nil {
 			return err
 		}
-		d.printf("store %s, topology created, %d partitions", dir, d.topo.Partitions)
+		d.printf("store %s, topology created, %d partitions; clients at %s", dir, d.topo.Partitions, broker.ClientURL())
 		return nil
 	}); err != nil {
 		return err
@@ -336,9 +338,9 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		return err
 	}
 
-	// 7. Dead letters per tenant and table.
+	// 7. Dead letters: the counts per tenant and table, and the parked event itself.
 	var dl demoDeadLetters
-	if err := d.step("count dead letters", func() error {
+	if err := d.step("read dead letters", func() error {
 		var err error
 		dl, err = d.deadLetters(ctx)
 		return err
@@ -372,6 +374,7 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 
 	d.mu.Lock()
 	d.checkWorkers()
+	d.checkParked(dl.parked)
 	problems := slices.Clone(d.problems)
 	d.mu.Unlock()
 	d.check("unexpected deliveries (decode, topic, order, settle)", len(problems), 0)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -12,7 +13,7 @@ import (
 )
 
 // summary prints every check against its expectation, then what the workers handled,
-// the poison event's attempts, the dead letters and the phases' times.
+// the poison event's attempts and its park, the dead letters and the phases' times.
 func (d *demoRun) summary(dl demoDeadLetters, total time.Duration) {
 	fmt.Fprintln(d.out, "\nsummary")
 	w := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
@@ -29,6 +30,7 @@ func (d *demoRun) summary(dl demoDeadLetters, total time.Duration) {
 	d.mu.Lock()
 	d.workerSummary()
 	d.mu.Unlock()
+	parkedSummary(d.out, dl)
 
 	dlq := dl.counts
 	fmt.Fprintln(d.out, "\ndead letters per table")
@@ -79,6 +81,32 @@ func (d *demoRun) workerSummary() {
 		fmt.Fprintf(w, "  %d\t%s\t#%d\t%s\t%d\t%s\t%s\n", a.attempt, a.worker, a.call, round(after), a.sequence, a.id, a.err)
 	}
 	_ = w.Flush()
+}
+
+// parkedSummary prints every event read back from the dead-letter stream with the
+// headers the poison policy gave it.
+func parkedSummary(out io.Writer, dl demoDeadLetters) {
+	fmt.Fprintf(out, "\nparked events, read back from stream %s (a nats.go connection of the demo's own)\n", dl.stream)
+	if len(dl.parked) == 0 {
+		fmt.Fprintln(out, "  none")
+	}
+	for _, p := range dl.parked {
+		w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		for _, row := range [][2]string{
+			{"event", p.demoID + " on " + p.subject},
+			{"stored", p.stored.UTC().Format(time.RFC3339Nano)},
+			{mq.HeaderDeadReason, p.reason},
+			{mq.HeaderDeadError, p.lastErr},
+			{mq.HeaderDeadAttempts, p.attempts},
+			{mq.HeaderDeadPartition, p.part},
+			{mq.HeaderDeadSequence, p.sequence},
+			{mq.HeaderDeadFirstAttempt, p.first},
+			{mq.HeaderDeadLastAttempt, p.last},
+		} {
+			fmt.Fprintf(w, "  %s\t%s\n", row[0], orDash(row[1]))
+		}
+		_ = w.Flush()
+	}
 }
 
 func orDash(s string) string {
