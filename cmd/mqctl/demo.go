@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"slices"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/wavehouse/mq"
@@ -21,14 +19,16 @@ import (
 func init() {
 	register(command{
 		name:    "demo",
-		summary: "run an embedded broker through publish, worker, hub, dead letter and replay; exit 0 only if every count matches",
+		summary: "run an embedded broker through publish, two workers, hub, dead letter and replay; exit 0 only if every count matches",
 		usage:   "[-events n] [-timeout d] [-v]",
 		run:     runDemo,
 	})
 }
 
 var (
-	demoTenants    = []mq.TenantID{"acme", "globex", "initech"}
+	// One tenant on each of the default four partitions (mq.Partition: acme 3,
+	// globex 2, initech 1, contoso 0), so the summary shows every partition's worker.
+	demoTenants    = []mq.TenantID{"acme", "globex", "initech", "contoso"}
 	demoTables     = []string{"orders", "clicks", "signups"}
 	demoUnbudgeted = mq.TenantID("hooli") // never given a budget: must be refused
 	demoBudget     = int64(64 << 20)
@@ -59,6 +59,10 @@ type demoPlan struct {
 	replayTo mq.Topic // the topic replayed from the cut
 }
 
+// demoTopology is the embedded broker's topology, the defaults, spelled out because
+// the demo reads the dead-letter stream by name and spreads tenants over partitions.
+var demoTopology = mq.NATSTopology{}.WithDefaults()
+
 func newDemoPlan(perTenant int) demoPlan {
 	p := demoPlan{events: map[mq.TenantID][]demoEvent{}, half: perTenant / 2}
 	for _, tenant := range demoTenants {
@@ -79,6 +83,15 @@ func newDemoPlan(perTenant int) demoPlan {
 	return p
 }
 
+// nextSeq is the tenant's next event a worker writes after the one numbered seq: the
+// poison event is parked, never written.
+func (p demoPlan) nextSeq(tenant mq.TenantID, seq int) int {
+	if next := seq + 1; p.poison.Tenant != tenant || next != p.poison.Seq {
+		return next
+	}
+	return seq + 2
+}
+
 // count returns how many events of exactly topic are in the tenant's events[from:].
 func (p demoPlan) count(topic mq.Topic, from int) int {
 	n := 0
@@ -90,20 +103,21 @@ func (p demoPlan) count(topic mq.Topic, from int) int {
 	return n
 }
 
-// demoRun is one demo's state: the counters the worker and the hub update.
+// demoRun is one demo's state: the counters the workers and the hub update, and the
+// checks each step adds.
 type demoRun struct {
 	out    io.Writer
-	broker mq.Broker
+	broker *mq.EmbeddedNATS
+	topo   mq.NATSTopology
 	plan   demoPlan
+	checks []demoCheck
 
-	mu         sync.Mutex
-	published  int             // publishes the broker confirmed
-	written    map[string]bool // worker: DoubleAck confirmed (poison: parked, then acked)
-	deliveries int             // worker: every delivery, redeliveries included
-	parked     map[string]bool
-	hubSeen    int
-	hubLast    map[mq.TenantID]int
-	problems   []string // unexpected events: decoding, topic, order, settle failures
+	mu        sync.Mutex
+	published int // publishes the broker confirmed
+	fleet     demoFleet
+	hubSeen   int
+	hubLast   map[mq.TenantID]int
+	problems  []string // unexpected events: decoding, topic, order, settle failures
 
 	phases []demoPhase
 }
@@ -116,6 +130,12 @@ type demoPhase struct {
 type demoCheck struct {
 	what      string
 	got, want string
+}
+
+// check records one count against its expectation; the summary prints them all and
+// the demo fails on the first that differs.
+func (d *demoRun) check(what string, got, want any) {
+	d.checks = append(d.checks, demoCheck{what: what, got: fmt.Sprint(got), want: fmt.Sprint(want)})
 }
 
 func runDemo(ctx context.Context, e *env, args []string) int {
@@ -159,14 +179,10 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 
 	d := &demoRun{
 		out:     e.stdout,
+		topo:    demoTopology,
 		plan:    newDemoPlan(perTenant),
-		written: map[string]bool{},
-		parked:  map[string]bool{},
+		fleet:   newDemoFleet(demoTopology.Partitions),
 		hubLast: map[mq.TenantID]int{},
-	}
-	var checks []demoCheck
-	check := func(what string, got, want any) {
-		checks = append(checks, demoCheck{what: what, got: fmt.Sprint(got), want: fmt.Sprint(want)})
 	}
 
 	dir, err := os.MkdirTemp("", "mqctl-demo-")
@@ -179,15 +195,17 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		}
 	}()
 
-	// 1. The broker.
+	// 1. The broker, listening on loopback as well: the dead-letter reader connects
+	// to it with a client of its own (see demo_deadletter.go).
 	var broker *mq.EmbeddedNATS
 	if err := d.step("start embedded broker", func() error {
 		var err error
-		broker, err = mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, Logger: logger})
+		broker, err = mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, ListenAddr: "127.0.0.1:0",
+			Topology: d.topo, Logger: logger})
 		if err != nil {
 			return err
 		}
-		d.printf("store %s, topology created", dir)
+		d.printf("store %s, topology created, %d partitions; clients at %s", dir, d.topo.Partitions, broker.ClientURL())
 		return nil
 	}); err != nil {
 		return err
@@ -206,7 +224,7 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 			if err := broker.SetMaxBytes(ctx, t, demoBudget); err != nil {
 				return fmt.Errorf("set budget %s: %w", t, err)
 			}
-			check("budget "+string(t), mib(broker.MaxBytes(t)), mib(demoBudget))
+			d.check("budget "+string(t), mib(broker.MaxBytes(t)), mib(demoBudget))
 		}
 		d.printf("%d MiB each for %s", demoBudget>>20, joinTenants(demoTenants))
 		return nil
@@ -214,36 +232,20 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		return err
 	}
 
-	// 3. The hub and the worker.
+	// 3. The hub and the workers.
 	hubCtx, stopHub := context.WithCancel(ctx)
 	defer stopHub()
-	var (
-		stopWorker func()
-		failed     <-chan error
-	)
-	if err := d.step("start hub and worker", func() error {
+	defer d.stopWorkers()
+	if err := d.step("start hub and workers", func() error {
 		if err := broker.Subscribe(hubCtx, "demo-hub", d.hub); err != nil {
 			return fmt.Errorf("subscribe: %w", err)
 		}
-		consumer, err := broker.CreateConsumer(ctx, mq.ConsumerConfig{Durable: mq.WorkerDurable})
-		if err != nil {
-			return fmt.Errorf("create consumer: %w", err)
-		}
-		stopWorker, failed, err = consumer.Consume(d.worker, 0)
-		if err != nil {
-			return fmt.Errorf("consume: %w", err)
-		}
-		d.printf("hub subscribed; worker consuming durable %q", mq.WorkerDurable)
-		return nil
+		d.printf("hub subscribed")
+		return d.startWorkers(ctx)
 	}); err != nil {
 		return err
 	}
-	workerStopped := false
-	defer func() {
-		if !workerStopped {
-			stopWorker()
-		}
-	}()
+	failed := d.workersFailed(ctx)
 
 	// 4. Publish: one publisher per tenant, in two halves around the replay's cut.
 	var cut time.Time
@@ -274,22 +276,25 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 
 		err := broker.Publish(ctx, mq.Topic{Tenant: demoUnbudgeted, Table: "orders"}, []byte(`{}`))
 		refused := errors.Is(err, mq.ErrQueueFull)
-		check("unbudgeted tenant "+string(demoUnbudgeted)+" refused with ErrQueueFull", refused, true)
+		d.check("unbudgeted tenant "+string(demoUnbudgeted)+" refused with ErrQueueFull", refused, true)
 		d.printf("tenant %s (no budget): %v", demoUnbudgeted, err)
 		return nil
 	}); err != nil {
 		return err
 	}
 	d.mu.Lock()
-	check("events published (confirmed)", d.published, d.plan.total)
+	d.check("events published (confirmed)", d.published, d.plan.total)
 	d.mu.Unlock()
 
-	// 5. Wait for the worker and the hub.
-	if err := d.step("wait for worker and hub", func() error {
-		if err := d.waitFor(ctx, "the worker", failed, func() (bool, string) {
+	// 5. Wait for the workers and the hub. The poison event is never written: the
+	// workers' policy parks it, and its tenant's later events are written after it.
+	if err := d.step("wait for workers and hub", func() error {
+		want := d.plan.total - 1
+		if err := d.waitFor(ctx, "the workers", failed, func() (bool, string) {
 			d.mu.Lock()
 			defer d.mu.Unlock()
-			return len(d.written) >= d.plan.total, fmt.Sprintf("written %d of %d", len(d.written), d.plan.total)
+			n := len(d.fleet.written)
+			return n >= want, fmt.Sprintf("written %d of %d", n, want)
 		}); err != nil {
 			return err
 		}
@@ -301,16 +306,18 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 			return err
 		}
 		d.mu.Lock()
-		d.printf("worker: %d written (%d deliveries), %d parked; hub: %d seen", len(d.written), d.deliveries, len(d.parked), d.hubSeen)
-		d.mu.Unlock()
+		defer d.mu.Unlock()
+		for _, w := range d.fleet.members {
+			d.printf("%s: %d handler calls, %d written", w.name, w.calls, w.written)
+		}
+		d.printf("partition handovers: %d; poison %s: %d failed attempts; hub: %d seen",
+			d.fleet.handovers, d.plan.poison.id(), len(d.fleet.poison), d.hubSeen)
 		return nil
 	}); err != nil {
 		return err
 	}
 	d.mu.Lock()
-	check("worker consumed (distinct events)", len(d.written), d.plan.total)
-	check("worker parked (poison events)", len(d.parked), 1)
-	check("hub seen", d.hubSeen, d.plan.total)
+	d.check("hub seen", d.hubSeen, d.plan.total)
 	d.mu.Unlock()
 
 	// 6. Replay the gap since the cut, and the topic's whole history.
@@ -323,41 +330,20 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		if err != nil {
 			return err
 		}
-		check("replayed "+d.plan.replayTo.String()+" since the cut", since, d.plan.count(d.plan.replayTo, d.plan.half))
-		check("replayed "+d.plan.replayTo.String()+" since the beginning", all, d.plan.count(d.plan.replayTo, 0))
+		d.check("replayed "+d.plan.replayTo.String()+" since the cut", since, d.plan.count(d.plan.replayTo, d.plan.half))
+		d.check("replayed "+d.plan.replayTo.String()+" since the beginning", all, d.plan.count(d.plan.replayTo, 0))
 		d.printf("since the cut: %d events; since the beginning: %d events", since, all)
 		return nil
 	}); err != nil {
 		return err
 	}
 
-	// 7. Dead letters per tenant and table.
-	var dlq map[mq.TenantID]mq.DeadLetterCounts
-	if err := d.step("count dead letters", func() error {
-		dlq = map[mq.TenantID]mq.DeadLetterCounts{}
-		for _, t := range demoTenants {
-			c, err := broker.DeadLetterCounts(ctx, t, "")
-			if err != nil {
-				return fmt.Errorf("dead-letter counts %s: %w", t, err)
-			}
-			dlq[t] = c
-		}
-		narrowed, err := broker.DeadLetterCounts(ctx, d.plan.poison.Tenant, d.plan.poison.Table)
-		if err != nil {
-			return fmt.Errorf("dead-letter counts %s %s: %w", d.plan.poison.Tenant, d.plan.poison.Table, err)
-		}
-		check(fmt.Sprintf("dead-lettered %s/%s (table filter)", d.plan.poison.Tenant, d.plan.poison.Table),
-			narrowed.Tables[d.plan.poison.Table], 1)
-		for _, t := range demoTenants {
-			want := map[string]uint64{}
-			if t == d.plan.poison.Tenant {
-				want[d.plan.poison.Table] = 1
-			}
-			check("dead-lettered "+string(t)+" per table", formatCounts(dlq[t].Tables), formatCounts(want))
-			check("dead-lettered "+string(t)+" total", dlq[t].Total, uint64(len(want)))
-		}
-		d.printf("parked: %s", formatTotals(dlq))
-		return nil
+	// 7. Dead letters: the counts per tenant and table, and the parked event itself.
+	var dl demoDeadLetters
+	if err := d.step("read dead letters", func() error {
+		var err error
+		dl, err = d.deadLetters(ctx)
+		return err
 	}); err != nil {
 		return err
 	}
@@ -365,8 +351,7 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 	// 8. Shut down.
 	var stats mq.Stats
 	if err := d.step("stop and close", func() error {
-		stopWorker()
-		workerStopped = true
+		d.stopWorkers()
 		stopHub()
 		var err error
 		if stats, err = broker.Stats(); err != nil {
@@ -381,22 +366,24 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 			return fmt.Errorf("worker reported failed after stop: %w", err)
 		default:
 		}
-		d.printf("server: %d msgs in, %d msgs out; store removed", stats.InMsgs, stats.OutMsgs)
+		d.printf("workers stopped; server: %d msgs in, %d msgs out; store removed", stats.InMsgs, stats.OutMsgs)
 		return nil
 	}); err != nil {
 		return err
 	}
 
 	d.mu.Lock()
+	d.checkWorkers()
+	d.checkParked(dl.parked)
 	problems := slices.Clone(d.problems)
 	d.mu.Unlock()
-	check("unexpected deliveries (decode, topic, order, settle)", len(problems), 0)
+	d.check("unexpected deliveries (decode, topic, order, settle)", len(problems), 0)
 
-	d.summary(checks, dlq, time.Since(begin))
+	d.summary(dl, time.Since(begin))
 	for _, p := range problems {
 		fmt.Fprintf(d.out, "problem: %s\n", p)
 	}
-	for _, c := range checks {
+	for _, c := range d.checks {
 		if c.got != c.want {
 			return fmt.Errorf("%s: got %s, want %s", c.what, c.got, c.want)
 		}
@@ -426,33 +413,6 @@ func (d *demoRun) problem(format string, args ...any) {
 	d.problems = append(d.problems, fmt.Sprintf(format, args...))
 }
 
-// publish publishes every tenant's events[from:to], one goroutine per tenant so each
-// tenant's events go out in order while tenants run concurrently.
-func (d *demoRun) publish(ctx context.Context, from, to int) error {
-	var wg sync.WaitGroup
-	errs := make([]error, len(demoTenants))
-	for i, tenant := range demoTenants {
-		wg.Go(func() {
-			for _, ev := range d.plan.events[tenant][from:to] {
-				data, err := json.Marshal(ev)
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				if err := d.broker.Publish(ctx, ev.topic(), data, mq.WithHeader("X-Demo-Id", ev.id())); err != nil {
-					errs[i] = fmt.Errorf("publish %s %s: %w", ev.id(), ev.topic(), err)
-					return
-				}
-				d.mu.Lock()
-				d.published++
-				d.mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
 // decode reads a delivered event and checks that its topic is the one it was
 // published on; it records a problem and returns false if not.
 func (d *demoRun) decode(path string, msg *mq.Message) (demoEvent, bool) {
@@ -468,82 +428,7 @@ func (d *demoRun) decode(path string, msg *mq.Message) (demoEvent, bool) {
 	return ev, true
 }
 
-// worker is the ingest worker's handler: it "writes" every event (DoubleAck) and parks
-// the poison one on the dead-letter queue before acking it.
-func (d *demoRun) worker(msg *mq.Message) error {
-	d.mu.Lock()
-	d.deliveries++
-	ev, ok := d.decode("worker", msg)
-	alreadyParked := d.parked[ev.id()]
-	d.mu.Unlock()
-	if !ok {
-		return msg.Ack() // nothing a redelivery could fix; the problem fails the demo
-	}
-	if ev.Poison && !alreadyParked {
-		err := d.broker.DeadLetter(msg.Ctx, msg, mq.WithHeader("X-Error", "demo worker: poison event rejected"))
-		if err != nil {
-			return err // not parked: nak, so the park is tried again on redelivery
-		}
-		d.mu.Lock()
-		d.parked[ev.id()] = true
-		d.mu.Unlock()
-	}
-	if err := msg.DoubleAck(msg.Ctx); err != nil {
-		d.mu.Lock()
-		d.problem("worker: DoubleAck %s: %v", ev.id(), err)
-		d.mu.Unlock()
-		return nil // settled (or tried): returning the error would also nak it
-	}
-	d.mu.Lock()
-	d.written[ev.id()] = true
-	d.mu.Unlock()
-	return nil
-}
-
-// hub is the live subscription's handler: it counts and checks per-tenant order.
-func (d *demoRun) hub(msg *mq.Message) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ev, ok := d.decode("hub", msg)
-	if !ok {
-		return nil
-	}
-	d.hubSeen++
-	if last := d.hubLast[ev.Tenant]; ev.Seq != last+1 {
-		d.problem("hub: %s after %s#%d: out of order", ev.id(), ev.Tenant, last)
-	}
-	d.hubLast[ev.Tenant] = ev.Seq
-	return nil
-}
-
-// replay counts the events ReplaySince sends for the plan's replay topic since since,
-// checking topic, stored time and order.
-func (d *demoRun) replay(ctx context.Context, since time.Time) (int, error) {
-	n, last := 0, 0
-	err := d.broker.ReplaySince(ctx, d.plan.replayTo, since, func(msg *mq.Message) bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		ev, ok := d.decode("replay", msg)
-		switch {
-		case !ok:
-		case ev.topic() != d.plan.replayTo:
-			d.problem("replay: %s of topic %s in a replay of %s", ev.id(), ev.topic(), d.plan.replayTo)
-		case msg.Timestamp.Before(since):
-			d.problem("replay: %s stored %s, before since %s", ev.id(), msg.Timestamp, since)
-		case ev.Seq <= last:
-			d.problem("replay: %s after #%d: out of order", ev.id(), last)
-		}
-		last = ev.Seq
-		n++
-		return true
-	})
-	if err != nil {
-		return n, fmt.Errorf("replay %s: %w", d.plan.replayTo, err)
-	}
-	return n, nil
-}
-
-// waitFor polls done until it reports true, the worker fails, or ctx ends.
+// waitFor polls done until it reports true, a worker fails, or ctx ends.
 func (d *demoRun) waitFor(ctx context.Context, what string, failed <-chan error, done func() (bool, string)) error {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
@@ -560,84 +445,4 @@ func (d *demoRun) waitFor(ctx context.Context, what string, failed <-chan error,
 		case <-tick.C:
 		}
 	}
-}
-
-func (d *demoRun) summary(checks []demoCheck, dlq map[mq.TenantID]mq.DeadLetterCounts, total time.Duration) {
-	fmt.Fprintln(d.out, "\nsummary")
-	w := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "  count\tgot\twant\tresult")
-	for _, c := range checks {
-		mark := "ok"
-		if c.got != c.want {
-			mark = "MISMATCH"
-		}
-		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", c.what, c.got, c.want, mark)
-	}
-	_ = w.Flush()
-
-	fmt.Fprintln(d.out, "\ndead letters per table")
-	w = tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "  tenant\t%s\ttotal\n", strings.Join(demoTables, "\t"))
-	for _, t := range demoTenants {
-		row := []string{"  " + string(t)}
-		for _, table := range demoTables {
-			row = append(row, fmt.Sprint(dlq[t].Tables[table]))
-		}
-		row = append(row, fmt.Sprint(dlq[t].Total))
-		fmt.Fprintln(w, strings.Join(row, "\t"))
-	}
-	_ = w.Flush()
-
-	fmt.Fprintln(d.out, "\nphases")
-	w = tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	for _, p := range d.phases {
-		fmt.Fprintf(w, "  %s\t%s\n", p.name, round(p.took))
-	}
-	fmt.Fprintf(w, "  total\t%s\n", round(total))
-	_ = w.Flush()
-}
-
-func round(d time.Duration) time.Duration {
-	if d > time.Second {
-		return d.Round(10 * time.Millisecond)
-	}
-	return d.Round(100 * time.Microsecond)
-}
-
-func mib(n int64) string {
-	if n%(1<<20) == 0 {
-		return fmt.Sprintf("%dMiB", n>>20)
-	}
-	return fmt.Sprintf("%dB", n)
-}
-
-func joinTenants(ts []mq.TenantID) string {
-	s := make([]string, len(ts))
-	for i, t := range ts {
-		s[i] = string(t)
-	}
-	return strings.Join(s, ", ")
-}
-
-// formatCounts renders a per-table count map in table order, e.g. "orders=1"; "-" if
-// nothing is parked.
-func formatCounts(m map[string]uint64) string {
-	var parts []string
-	for _, table := range slices.Sorted(maps.Keys(m)) {
-		if m[table] > 0 {
-			parts = append(parts, fmt.Sprintf("%s=%d", table, m[table]))
-		}
-	}
-	if len(parts) == 0 {
-		return "-"
-	}
-	return strings.Join(parts, ",")
-}
-
-func formatTotals(dlq map[mq.TenantID]mq.DeadLetterCounts) string {
-	parts := make([]string, 0, len(demoTenants))
-	for _, t := range demoTenants {
-		parts = append(parts, fmt.Sprintf("%s %d", t, dlq[t].Total))
-	}
-	return strings.Join(parts, ", ")
 }

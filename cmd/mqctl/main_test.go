@@ -42,13 +42,29 @@ func TestDemoFlags(t *testing.T) {
 	}
 }
 
-// TestDemo runs a small demo end to end: every count must match.
+// TestDemo runs a small demo end to end: every count must match, and the summary
+// shows both workers, the poison event's three attempts and its park read back.
 func TestDemo(t *testing.T) {
 	code, stdout, stderr := runArgs(t, "demo", "-events", "30", "-timeout", "90s")
 	if code != 0 || !strings.Contains(stdout, "PASS: every count matches") {
 		t.Fatalf("demo: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	if strings.Contains(stdout, "MISMATCH") {
+	if strings.Contains(stdout, "MISMATCH") || strings.Contains(stdout, "problem:") {
 		t.Fatalf("demo passed with a mismatch:\n%s", stdout)
+	}
+	for _, want := range []string{
+		"\n  worker-1  ", "\n  worker-2  ",
+		"poison attempts the handler saw (Message.Attempt)",
+		"(attempt 3)\n\nparked events, read back from stream WH_DLQ",
+		"\n  Mq-Dead-Reason         handler-failed\n",
+		"\n  Mq-Dead-Error          demo worker: cannot write acme#10: poison event (attempt 3)\n",
+		"\n  Mq-Dead-Partition      3\n",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("the summary lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s", stdout)
 	}
 }

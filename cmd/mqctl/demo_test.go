@@ -1,0 +1,131 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wavehouse/mq"
+)
+
+// The demo's own bookkeeping: each check must be able to fail, or a passing demo
+// proves nothing.
+
+func TestDemoTenantsCoverEveryPartition(t *testing.T) {
+	seen := map[int]mq.TenantID{}
+	for _, tenant := range demoTenants {
+		seen[mq.Partition(tenant, demoTopology.Partitions)] = tenant
+	}
+	if len(seen) != demoTopology.Partitions {
+		t.Fatalf("the demo tenants are on partitions %v of %d: the summary could not show every partition's worker",
+			seen, demoTopology.Partitions)
+	}
+}
+
+func TestDemoPlanNextSeqSkipsOnlyThePoisonEvent(t *testing.T) {
+	p := newDemoPlan(20)
+	if p.poison.Tenant != "acme" || p.poison.Seq != 10 {
+		t.Fatalf("poison %s, want acme#10", p.poison.id())
+	}
+	for _, c := range []struct {
+		tenant    mq.TenantID
+		seq, want int
+	}{{"acme", 0, 1}, {"acme", 8, 9}, {"acme", 9, 11}, {"acme", 11, 12}, {"globex", 9, 10}} {
+		if got := p.nextSeq(c.tenant, c.seq); got != c.want {
+			t.Errorf("nextSeq(%s, %d) = %d, want %d", c.tenant, c.seq, got, c.want)
+		}
+	}
+}
+
+func newTestDemoRun() (*demoRun, []*demoWorker) {
+	d := &demoRun{out: io.Discard, topo: demoTopology, plan: newDemoPlan(20), fleet: newDemoFleet(demoTopology.Partitions)}
+	var ws []*demoWorker
+	for i := range demoWorkerCount {
+		w := &demoWorker{name: "w" + string(rune('1'+i)), index: i, tenants: map[mq.TenantID]int{}}
+		ws = append(ws, w)
+		d.fleet.members = append(d.fleet.members, w)
+	}
+	return d, ws
+}
+
+func TestDemoWorkerOrderChecksCatchEachViolation(t *testing.T) {
+	d, ws := newTestDemoRun()
+	ev := func(seq int) demoEvent { return d.plan.events["acme"][seq-1] }
+	for seq := 1; seq <= 9; seq++ {
+		d.orderOfCall(ws[0], ev(seq), 1)
+		d.wrote(ws[0], ev(seq), time.Now())
+	}
+	d.orderOfCall(ws[0], ev(10), 1)
+	d.orderOfCall(ws[0], ev(10), 2)
+	d.orderOfCall(ws[0], ev(11), 1)
+	d.wrote(ws[0], ev(11), time.Now())
+	d.wrote(ws[0], ev(11), time.Now()) // at least once: a rewrite is no problem
+	if len(d.problems) != 0 {
+		t.Fatalf("an orderly run has problems: %v", d.problems)
+	}
+
+	d.wrote(ws[0], ev(13), time.Now()) // #12 skipped
+	d.orderOfCall(ws[0], ev(10), 3)    // a retry after a later event of its tenant ran
+	if len(d.problems) != 2 || !strings.Contains(d.problems[0], "acme#13 written after acme#11: out of order") ||
+		!strings.Contains(d.problems[1], "attempt 3 came after acme#11") {
+		t.Fatalf("problems %q", d.problems)
+	}
+	if d.fleet.written["acme#11"] != 2 || ws[0].written != 11 {
+		t.Fatalf("written %v, worker's first writes %d", d.fleet.written, ws[0].written)
+	}
+}
+
+func TestDemoWorkerCallsOnOnePartitionByTwoWorkersAtOnceAreCaught(t *testing.T) {
+	d, ws := newTestDemoRun()
+	acme := d.plan.events["acme"]
+	done := d.running(ws[0], acme[0])
+	d.running(ws[0], acme[1])() // the same worker twice at once: its lanes, fine
+	d.running(ws[1], acme[2])() // the other worker while ws[0] still runs a call there
+	done()
+	d.running(ws[0], acme[3])() // after the other's call ended: a handover back
+	if d.fleet.overlaps != 1 || len(d.problems) != 1 || d.fleet.handovers != 2 {
+		t.Fatalf("overlaps %d, handovers %d, problems %q", d.fleet.overlaps, d.fleet.handovers, d.problems)
+	}
+}
+
+// TestReadParkedReadsEveryParkedEventWithItsHeaders parks two events by hand on an
+// embedded broker listening on loopback and reads them back with the demo's reader.
+func TestReadParkedReadsEveryParkedEventWithItsHeaders(t *testing.T) {
+	e, err := mq.NewEmbedded(t.Context(), mq.EmbeddedOptions{StoreDir: t.TempDir(), ListenAddr: "127.0.0.1:0", NoSync: true,
+		Topology: demoTopology, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if got, err := readParked(t.Context(), e.ClientURL(), demoTopology); err != nil || len(got) != 0 {
+		t.Fatalf("an empty dead-letter stream: %v, %v", got, err)
+	}
+	topic := mq.Topic{Tenant: "acme", Table: "orders", Scope: "eu"}
+	msg := mq.NewMessage(t.Context(), topic, []byte(`{}`), mq.WithMessageHeaders(mq.Headers{"X-Demo-Id": {"acme#10"}}))
+	if err := e.DeadLetter(t.Context(), msg, mq.WithHeader(mq.HeaderDeadReason, mq.DeadReasonHandlerFailed),
+		mq.WithHeader(mq.HeaderDeadAttempts, "3"), mq.WithHeader(mq.HeaderDeadError, "boom")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.DeadLetter(t.Context(), mq.NewMessage(t.Context(), mq.Topic{Tenant: "globex", Table: "clicks"}, nil)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readParked(t.Context(), e.ClientURL(), demoTopology)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("read %d parked events, want 2: %+v", len(got), got)
+	}
+	p := got[0]
+	if p.demoID != "acme#10" || p.topic != topic || p.subject != "wh.dlq.acme.orders.eu" || p.reason != mq.DeadReasonHandlerFailed ||
+		p.attempts != "3" || p.lastErr != "boom" || p.stored.IsZero() {
+		t.Fatalf("first parked event %+v", p)
+	}
+	if got[1].topic.Tenant != "globex" || got[1].reason != "" {
+		t.Fatalf("second parked event %+v", got[1])
+	}
+	if _, err := readParked(t.Context(), "", demoTopology); err == nil {
+		t.Fatal("no listener: want an error")
+	}
+}
