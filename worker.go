@@ -218,14 +218,6 @@ func (d *dispatcher) pullError(u *unit, cc jetstream.ConsumeContext, err error) 
 	}
 }
 
-// settlement is how a delivered message settles: through the broker's settler (which
-// may observe it, see natsCore.settler), its failures mapped as every other method's
-// are, so a message held past Close settles with ErrClosed rather than the client's
-// bare "connection closed". observe, when set, hears of every settle that succeeded.
-func (c *natsCore) settlement(m jetstream.Msg, observe func(settled)) Settler {
-	return settlement{Settler: c.settler(m), core: c, subject: m.Subject(), observe: observe}
-}
-
 // settled is the kind of settle a handler made.
 type settled int
 
@@ -234,6 +226,10 @@ const (
 	settledNak
 )
 
+// settlement is how a delivered message settles: through the broker's settler (which
+// may observe it, see natsCore.settler), its failures mapped as every other method's
+// are, so a message held past Close settles with ErrClosed rather than the client's
+// bare "connection closed". observe, when set, hears of every settle that succeeded.
 type settlement struct {
 	Settler
 	core    *natsCore
