@@ -158,6 +158,7 @@ func cases() []testCase {
 		inputCases(),
 		hubCases(),
 		consumeCases(),
+		workerCases(),
 		deliveryEndCases(),
 		replayCases(),
 		deadLetterCases(),
