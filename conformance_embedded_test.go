@@ -60,6 +60,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			ConfiguresDurables: true,
 			AckWaitRedelivers:  true,
 			StoresBudgets:      true,
+			RetryPolicy:        true,
 		},
 	})
 }

@@ -198,12 +198,20 @@ func (e *env) subscribeCtx(ctx context.Context, name string) <-chan delivery {
 // next collects exactly n deliveries, failing if wait passes without a new one.
 func next(t *testing.T, ch <-chan delivery, n int) []delivery {
 	t.Helper()
-	return nextUntil(t, ch, fmt.Sprintf("%d deliveries", n), func(got []delivery) bool { return len(got) >= n })
+	return collect(t, ch, fmt.Sprintf("%d deliveries", n), func(got []delivery) bool { return len(got) >= n }, nil)
 }
 
-// nextUntil collects deliveries until done holds for them all, failing if wait passes
-// without a new one; what names what it waits for.
+// nextUntil collects deliveries until done holds for them, failing if wait passes
+// without a new one, or 3 x wait in all (deliveries that never stop coming cannot keep
+// it waiting); what names what it waits for.
 func nextUntil(t *testing.T, ch <-chan delivery, what string, done func([]delivery) bool) []delivery {
+	t.Helper()
+	return collect(t, ch, what, done, time.After(3*wait))
+}
+
+// collect is next and nextUntil: until done holds, wait passes without a delivery, or
+// deadline (nil: none) fires.
+func collect(t *testing.T, ch <-chan delivery, what string, done func([]delivery) bool, deadline <-chan time.Time) []delivery {
 	t.Helper()
 	var out []delivery
 	timer := time.NewTimer(wait)
@@ -215,6 +223,8 @@ func nextUntil(t *testing.T, ch <-chan delivery, what string, done func([]delive
 			timer.Reset(wait)
 		case <-timer.C:
 			t.Fatalf("waiting for %s: got %d deliveries, then nothing for %s: %q", what, len(out), wait, datas(out))
+		case <-deadline:
+			t.Fatalf("waiting for %s: got %d deliveries within %s, and still not that: %.2000q", what, len(out), 3*wait, datas(out))
 		}
 	}
 	return out

@@ -131,6 +131,15 @@ type Caps struct {
 	// 200 ms comes back. False: it does not come back within the quiet window (the
 	// operator's ack wait governs).
 	AckWaitRedelivers bool
+
+	// RetryPolicy: the worker applies ConsumerConfig's poison policy. True: a failed
+	// event (a handler error or panic) comes back no sooner than RetryDelay after the
+	// failed call returned, the delay doubling up to MaxRetryDelay; a failure on its
+	// MaxDeliveries-th delivery parks it with the mq.HeaderDead* headers and
+	// acknowledges it, and its tenant moves on; a negative MaxDeliveries never parks.
+	// False: retries follow the broker's own redelivery and the worker parks nothing:
+	// an event that always fails is delivered past MaxDeliveries.
+	RetryPolicy bool
 }
 
 // testCase is one conformance case. skip returns a reason when the harness cannot run
