@@ -61,6 +61,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			AckWaitRedelivers:  true,
 			StoresBudgets:      true,
 			RetryPolicy:        true,
+			ConcurrentTenants:  true,
 		},
 	})
 }

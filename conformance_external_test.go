@@ -70,7 +70,8 @@ func TestExternalNATS_Conformance(t *testing.T) {
 		},
 		// Every flag about the operator's durable and retention stays false.
 		Caps: mqtest.Caps{
-			RetryPolicy: true,
+			RetryPolicy:       true,
+			ConcurrentTenants: true,
 		},
 	})
 }

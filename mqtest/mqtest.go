@@ -140,6 +140,12 @@ type Caps struct {
 	// False: retries follow the broker's own redelivery and the worker parks nothing:
 	// an event that always fails is delivered past MaxDeliveries.
 	RetryPolicy bool
+
+	// ConcurrentTenants: one Consume runs up to ConsumerConfig.Concurrency handler
+	// calls at once, for different tenants. True: under Concurrency 3 three tenants'
+	// calls are in flight together and a fourth does not begin. False: the calls run
+	// one at a time. Either way a tenant never has two calls at once.
+	ConcurrentTenants bool
 }
 
 // testCase is one conformance case. skip returns a reason when the harness cannot run
