@@ -62,6 +62,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			StoresBudgets:      true,
 			RetryPolicy:        true,
 			ConcurrentTenants:  true,
+			HandsBackOnStop:    true,
 		},
 	})
 }

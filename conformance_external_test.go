@@ -72,6 +72,7 @@ func TestExternalNATS_Conformance(t *testing.T) {
 		Caps: mqtest.Caps{
 			RetryPolicy:       true,
 			ConcurrentTenants: true,
+			HandsBackOnStop:   true,
 		},
 	})
 }

@@ -28,6 +28,7 @@ func workerCases() []testCase {
 		{"AnEventThatFailsOnItsMaxDeliveriesthDeliveryIsParkedWithWhyAndAckedAndItsTenantGoesOn", always, aFailingEventIsParked},
 		{"AHandlerPanicIsAFailureRetriedThenParked", always, aPanickingEventIsParked},
 		{"DifferentTenantsRunAtOnceUpToConcurrencyAndATenantNeverTwice", always, differentTenantsRunAtOnce},
+		{"StopHandsBackWhatWaitedSoANewConsumeGetsItAtOnceInOrder", always, stopHandsBackWhatWaited},
 		{"ANakByTheHandlerHoldsItsTenantUntilItComesBackAndNeverParks", always, aNakHoldsItsTenantAndNeverParks},
 		{"StopWaitsForTheCallsInFlightUpToStopTimeout", always, stopWaitsForTheCallsInFlight},
 		{"CreateConsumerRefusesAConfigThatCannotWorkWithErrInvalidConfig", always, invalidConsumerConfig},
@@ -372,6 +373,72 @@ func aNakHoldsItsTenantAndNeverParks(t *testing.T, h Harness) {
 	assert.Equal(t, upTo(naks+1), attempts(got[:naks+1]), "the nak'ed event's attempts")
 	assertOneAtATime(t, got, "acme")
 	assertCounts(t, nil, 0, e.counts(Acme, ""), "acme: a nak is not a failure and never parks")
+}
+
+// stopHandsBackWhatWaited: two tenants are held by the worker, each with an event
+// behind the held one: acme's first event failed under an hour's RetryDelay (without
+// Caps.RetryPolicy its handler nak'ed it with an hour's delay instead), globex's first
+// the handler nak'ed with an hour's delay; meanwhile a third tenant goes on, and the
+// host keeps one of its events, returned unsettled, for a batch. After stop the host
+// still acks the kept event. With Caps.HandsBackOnStop, a new Consume then gets both
+// held tenants' events at once (long before the hour, or the ack wait), each tenant in
+// order, the held event first and delivered again; without it, none of them within the
+// quiet window. Either way it never gets the kept event.
+func stopHandsBackWhatWaited(t *testing.T, h Harness) {
+	e := setup(t, h)
+	third := e.manyTenants(1)[2]
+	cfg := mq.ConsumerConfig{RetryDelay: time.Hour, MaxRetryDelay: time.Hour}
+	kept := make(chan *mq.Message, 1)
+	nakHour := func(m *mq.Message) error {
+		if err := m.NakWithDelay(time.Hour); err != nil {
+			e.errorf("nak with delay: %v", err)
+		}
+		return nil
+	}
+	first := e.consume(cfg, func(m *mq.Message) error {
+		switch string(m.Data) {
+		case "failed":
+			if h.Caps.RetryPolicy {
+				return fmt.Errorf("mqtest: a failure retried in an hour")
+			}
+			return nakHour(m)
+		case "nak'ed":
+			return nakHour(m)
+		case "kept":
+			kept <- m
+			return nil
+		}
+		return e.ackEach(m)
+	})
+	acme, globex := topic(Acme, "t", ""), topic(Globex, "t", "")
+	e.publish(acme, "failed")
+	e.publish(acme, "after-1")
+	e.publish(acme, "after-2")
+	e.publish(globex, "nak'ed")
+	e.publish(globex, "after")
+	e.publish(topic(third, "t", ""), "kept")
+	e.publish(topic(third, "t", ""), "goes on")
+	assert.ElementsMatch(t, []string{"failed", "nak'ed", "kept", "goes on"}, datas(next(t, first.deliveries, 4)),
+		"the first event of each tenant, and the third tenant's next: returning unsettled holds nothing")
+	none(t, first.deliveries) // the held events wait for the hour, their tenants behind them
+	first.stop()
+	require.NoError(t, (<-kept).DoubleAck(e.ctx), "the host acks, after stop, the event its handler returned unsettled")
+
+	second := e.consume(cfg, e.ackEach)
+	if !h.Caps.HandsBackOnStop {
+		none(t, second.deliveries)
+		return
+	}
+	got := next(t, second.deliveries, 5)
+	byT := byTenant(got)
+	assert.Equal(t, []string{"failed", "after-1", "after-2"}, byT[Acme], "Caps.HandsBackOnStop: acme, at once, in order")
+	assert.Equal(t, []string{"nak'ed", "after"}, byT[Globex], "Caps.HandsBackOnStop: globex, at once, in order")
+	for _, d := range got {
+		if d.data == "failed" || d.data == "nak'ed" {
+			assert.GreaterOrEqual(t, d.msg.Attempt, 2, "%q is delivered again", d.data)
+		}
+	}
+	none(t, second.deliveries) // nor the kept event, acked after stop
 }
 
 // stopWaitsForTheCallsInFlight: stop does not return while a handler call runs; the

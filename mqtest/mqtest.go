@@ -146,6 +146,14 @@ type Caps struct {
 	// calls are in flight together and a fourth does not begin. False: the calls run
 	// one at a time. Either way a tenant never has two calls at once.
 	ConcurrentTenants bool
+
+	// HandsBackOnStop: stop hands back, unsettled and in order, what the worker holds
+	// that no handler call has (a failed event waiting for its retry, one the handler
+	// nak'ed with a delay, the events of their tenants queued behind them), so a new
+	// Consume gets them at once, the held event first, rather than after the retry
+	// delay or the ack wait. False: they come back only then. Either way what a handler
+	// returned without settling stays the host's to settle after stop.
+	HandsBackOnStop bool
 }
 
 // testCase is one conformance case. skip returns a reason when the harness cannot run
