@@ -63,6 +63,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			RetryPolicy:        true,
 			ConcurrentTenants:  true,
 			HandsBackOnStop:    true,
+			SharedConsumers:    true,
 		},
 	})
 }

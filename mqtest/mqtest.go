@@ -154,6 +154,13 @@ type Caps struct {
 	// delay or the ack wait. False: they come back only then. Either way what a handler
 	// returned without settling stays the host's to settle after stop.
 	HandsBackOnStop bool
+
+	// SharedConsumers: several Consumes of one durable (in one process or several)
+	// share its events: each is handed a share, a tenant's events are handled by one
+	// at a time and in order, and the share of one that stops moves to the others.
+	// False: a durable has one Consume at a time, and a second one while the first
+	// runs is refused with an error.
+	SharedConsumers bool
 }
 
 // testCase is one conformance case. skip returns a reason when the harness cannot run
