@@ -23,7 +23,8 @@
 //
 // Every case runs as a parallel subtest on its own broker from [Harness.New]. Waits for
 // something that should happen are bounded by a generous 5 s; something that must not
-// happen is watched for 300 ms. No case asserts how fast anything is.
+// happen is watched for 300 ms. No case asserts how fast anything is; a delay the case
+// configured (a RetryDelay) is checked only as a lower bound between two calls.
 //
 // [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
 // propagator for the duration of the run (the trace case needs it) and restores the
