@@ -60,6 +60,10 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			ConfiguresDurables: true,
 			AckWaitRedelivers:  true,
 			StoresBudgets:      true,
+			RetryPolicy:        true,
+			ConcurrentTenants:  true,
+			HandsBackOnStop:    true,
+			SharedConsumers:    true,
 		},
 	})
 }

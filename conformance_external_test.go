@@ -68,6 +68,12 @@ func TestExternalNATS_Conformance(t *testing.T) {
 			require.NoError(t, err)
 			return msgs
 		},
-		Caps: mqtest.Caps{},
+		// Every flag about the operator's durable and retention stays false.
+		Caps: mqtest.Caps{
+			RetryPolicy:       true,
+			ConcurrentTenants: true,
+			HandsBackOnStop:   true,
+			SharedConsumers:   true,
+		},
 	})
 }

@@ -77,6 +77,13 @@ type delivery struct {
 	topic mq.Topic
 	data  string
 	msg   *mq.Message
+	// start and end are when the handler call began and ended, for the calls recorded
+	// sees; zero otherwise.
+	start, end time.Time
+}
+
+func newDelivery(m *mq.Message) delivery {
+	return delivery{topic: m.Topic(), data: string(m.Data), msg: m}
 }
 
 func datas(ds []delivery) []string {
@@ -90,14 +97,34 @@ func datas(ds []delivery) []string {
 // deliveryBuffer is the capacity of a delivery channel.
 const deliveryBuffer = 1024
 
-// push hands d to ch unless the case is over.
-func (e *env) push(ch chan<- delivery, m *mq.Message) {
-	d := delivery{topic: m.Topic(), data: string(m.Data), msg: m}
+// push hands m to ch unless the case is over.
+func (e *env) push(ch chan<- delivery, m *mq.Message) { e.send(ch, newDelivery(m)) }
+
+// send hands d to ch unless the case is over.
+func (e *env) send(ch chan<- delivery, d delivery) {
 	select {
 	case ch <- d:
 	case <-e.over:
 	}
 }
+
+// recorded wraps handle so that every call, one that panics included, goes onto the
+// returned channel once it ended, with when it began and ended.
+func (e *env) recorded(handle mq.Handler) (mq.Handler, <-chan delivery) {
+	ch := make(chan delivery, deliveryBuffer)
+	return func(m *mq.Message) error {
+		d := newDelivery(m)
+		d.start = time.Now()
+		defer func() {
+			d.end = time.Now()
+			e.send(ch, d)
+		}()
+		return handle(m)
+	}, ch
+}
+
+// byStart orders recorded calls by when they began.
+func byStart(a, b delivery) int { return a.start.Compare(b.start) }
 
 // consumer is one running Consume.
 type consumer struct {
@@ -171,16 +198,33 @@ func (e *env) subscribeCtx(ctx context.Context, name string) <-chan delivery {
 // next collects exactly n deliveries, failing if wait passes without a new one.
 func next(t *testing.T, ch <-chan delivery, n int) []delivery {
 	t.Helper()
-	out := make([]delivery, 0, n)
+	return collect(t, ch, fmt.Sprintf("%d deliveries", n), func(got []delivery) bool { return len(got) >= n }, nil)
+}
+
+// nextUntil collects deliveries until done holds for them, failing if wait passes
+// without a new one, or 3 x wait in all (deliveries that never stop coming cannot keep
+// it waiting); what names what it waits for.
+func nextUntil(t *testing.T, ch <-chan delivery, what string, done func([]delivery) bool) []delivery {
+	t.Helper()
+	return collect(t, ch, what, done, time.After(3*wait))
+}
+
+// collect is next and nextUntil: until done holds, wait passes without a delivery, or
+// deadline (nil: none) fires.
+func collect(t *testing.T, ch <-chan delivery, what string, done func([]delivery) bool, deadline <-chan time.Time) []delivery {
+	t.Helper()
+	var out []delivery
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	for len(out) < n {
+	for !done(out) {
 		select {
 		case d := <-ch:
 			out = append(out, d)
 			timer.Reset(wait)
 		case <-timer.C:
-			t.Fatalf("got %d of %d deliveries, then nothing for %s: %q", len(out), n, wait, datas(out))
+			t.Fatalf("waiting for %s: got %d deliveries, then nothing for %s: %q", what, len(out), wait, datas(out))
+		case <-deadline:
+			t.Fatalf("waiting for %s: got %d deliveries within %s, and still not that: %.2000q", what, len(out), 3*wait, datas(out))
 		}
 	}
 	return out

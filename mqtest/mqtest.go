@@ -23,7 +23,8 @@
 //
 // Every case runs as a parallel subtest on its own broker from [Harness.New]. Waits for
 // something that should happen are bounded by a generous 5 s; something that must not
-// happen is watched for 300 ms. No case asserts how fast anything is.
+// happen is watched for 300 ms. No case asserts how fast anything is; a delay the case
+// configured (a RetryDelay) is checked only as a lower bound between two calls.
 //
 // [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
 // propagator for the duration of the run (the trace case needs it) and restores the
@@ -131,6 +132,36 @@ type Caps struct {
 	// 200 ms comes back. False: it does not come back within the quiet window (the
 	// operator's ack wait governs).
 	AckWaitRedelivers bool
+
+	// RetryPolicy: the worker applies ConsumerConfig's poison policy. True: a failed
+	// event (a handler error or panic) comes back no sooner than RetryDelay after the
+	// failed call returned, the delay doubling up to MaxRetryDelay; a failure on its
+	// MaxDeliveries-th delivery parks it with the mq.HeaderDead* headers and
+	// acknowledges it, and its tenant moves on; a negative MaxDeliveries never parks.
+	// False: retries follow the broker's own redelivery and the worker parks nothing:
+	// an event that always fails is delivered past MaxDeliveries.
+	RetryPolicy bool
+
+	// ConcurrentTenants: one Consume runs up to ConsumerConfig.Concurrency handler
+	// calls at once, for different tenants. True: under Concurrency 3 three tenants'
+	// calls are in flight together and a fourth does not begin. False: the calls run
+	// one at a time. Either way a tenant never has two calls at once.
+	ConcurrentTenants bool
+
+	// HandsBackOnStop: stop hands back, unsettled and in order, what the worker holds
+	// that no handler call has (a failed event waiting for its retry, one the handler
+	// nak'ed with a delay, the events of their tenants queued behind them), so a new
+	// Consume gets them at once, the held event first, rather than after the retry
+	// delay or the ack wait. False: they come back only then. Either way what a handler
+	// returned without settling stays the host's to settle after stop.
+	HandsBackOnStop bool
+
+	// SharedConsumers: several Consumes of one durable (in one process or several)
+	// share its events: each is handed a share, a tenant's events are handled by one
+	// at a time and in order, and the share of one that stops moves to the others.
+	// False: a durable has one Consume at a time, and a second one while the first
+	// runs is refused with an error.
+	SharedConsumers bool
 }
 
 // testCase is one conformance case. skip returns a reason when the harness cannot run
@@ -158,6 +189,7 @@ func cases() []testCase {
 		inputCases(),
 		hubCases(),
 		consumeCases(),
+		workerCases(),
 		deliveryEndCases(),
 		replayCases(),
 		deadLetterCases(),
