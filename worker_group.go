@@ -326,6 +326,7 @@ func (g *group) takeUp(p int) {
 		// learns of it.
 		g.d.ended(fmt.Errorf("%w: stream %s consumer %s: %w: %w", ErrDeliveryEnded,
 			g.d.core.partitions[p], g.d.durable, jetstream.ErrConsumerDeleted, err))
+	case errors.Is(err, ErrClosed): // stopped meanwhile
 	case err != nil:
 		g.d.core.log.Warn("mq: cannot take a partition; trying again", "stream", g.d.core.partitions[p], "error", err)
 	default:
