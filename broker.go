@@ -482,6 +482,22 @@ type Stats struct {
 	OutMsgs, OutBytes int64
 }
 
+// HealthChecker is implemented by brokers that can answer a readiness or liveness
+// probe (see [HealthHandler]). It is not part of Broker: a broker may have nothing to
+// check.
+type HealthChecker interface {
+	// Health returns nil when the broker works, or an error naming every part that
+	// does not: ErrClosed after Close; ErrUnavailable when the broker is not connected,
+	// the server does not answer within ctx, a stream the topology needs is gone, or a
+	// hub (Subscribe) was interrupted and has not resumed; ErrDeliveryEnded when a
+	// Consume's delivery ended on its own (until its caller stops it); ErrTopology
+	// when the broker's last check of the topology found a required problem; ctx's
+	// error when ctx was cancelled. It is cheap and meant to be called every few
+	// seconds: at most one request to the server, bounded by ctx. A Consume stopped
+	// by its caller, or a hub whose ctx ended, no longer counts.
+	Health(ctx context.Context) error
+}
+
 // Broker is the whole message-queue boundary.
 type Broker interface {
 	Publisher
