@@ -320,8 +320,9 @@ type Subscriber interface {
 	// Subscribe delivers every event published after it returns, of every tenant and
 	// topic, each tenant's in publish order, to handler, one at a time. It returns once
 	// delivery is live; delivery runs until ctx is done or the broker closes. Whether
-	// name identifies anything is the implementation's: the NATS brokers ignore it,
-	// because every process needs every event.
+	// name identifies anything is the implementation's: the NATS brokers use it only
+	// to name the hub in Health and in the log, because every process needs every
+	// event.
 	Subscribe(ctx context.Context, name string, handler Handler) error
 }
 

@@ -174,7 +174,8 @@ func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 }
 
 // Subscribe runs the hub: an ordered, ack-less consumer on the history from now on.
-// The name is ignored: every process needs every event. A handler error is logged.
+// The name only names the hub in Health and the log: every process needs every
+// event. A handler error is logged.
 func (e *ExternalNATS) Subscribe(ctx context.Context, name string, handler Handler) error {
 	return e.core.subscribe(ctx, name, handler)
 }
