@@ -320,8 +320,9 @@ type Subscriber interface {
 	// Subscribe delivers every event published after it returns, of every tenant and
 	// topic, each tenant's in publish order, to handler, one at a time. It returns once
 	// delivery is live; delivery runs until ctx is done or the broker closes. Whether
-	// name identifies anything is the implementation's: the NATS brokers ignore it,
-	// because every process needs every event.
+	// name identifies anything is the implementation's: the NATS brokers use it only
+	// to name the hub in Health and in the log, because every process needs every
+	// event.
 	Subscribe(ctx context.Context, name string, handler Handler) error
 }
 
@@ -480,6 +481,22 @@ type Stats struct {
 	InMsgs, InBytes int64
 	// OutMsgs and OutBytes count what it sent.
 	OutMsgs, OutBytes int64
+}
+
+// HealthChecker is implemented by brokers that can answer a readiness or liveness
+// probe (see [HealthHandler]). It is not part of Broker: a broker may have nothing to
+// check.
+type HealthChecker interface {
+	// Health returns nil when the broker works, or an error naming every part that
+	// does not: ErrClosed after Close; ErrUnavailable when the broker is not connected,
+	// the server does not answer within ctx, a stream the topology needs is gone, or a
+	// hub (Subscribe) was interrupted and has not resumed; ErrDeliveryEnded when a
+	// Consume's delivery ended on its own (until its caller stops it); ErrTopology
+	// when the broker's last check of the topology found a required problem; ctx's
+	// error when ctx was cancelled. It is cheap and meant to be called every few
+	// seconds: at most one request to the server, bounded by ctx. A Consume stopped
+	// by its caller, or a hub whose ctx ended, no longer counts.
+	Health(ctx context.Context) error
 }
 
 // Broker is the whole message-queue boundary.

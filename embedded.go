@@ -77,7 +77,10 @@ type EmbeddedNATS struct {
 	listening       bool
 }
 
-var _ Broker = (*EmbeddedNATS)(nil)
+var (
+	_ Broker        = (*EmbeddedNATS)(nil)
+	_ HealthChecker = (*EmbeddedNATS)(nil)
+)
 
 // Embedded broker bounds.
 const (
@@ -321,8 +324,8 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 }
 
 // Subscribe runs the hub: an ordered consumer on the history from now on.
-func (e *EmbeddedNATS) Subscribe(ctx context.Context, _ string, handler Handler) error {
-	return e.core.subscribe(ctx, handler)
+func (e *EmbeddedNATS) Subscribe(ctx context.Context, name string, handler Handler) error {
+	return e.core.subscribe(ctx, name, handler)
 }
 
 // CreateConsumer maps cfg.Durable onto the ingest durable and applies cfg's AckWait and
@@ -428,6 +431,10 @@ func (e *EmbeddedNATS) Stats() (Stats, error) {
 		OutMsgs: v.OutMsgs, OutBytes: v.OutBytes,
 	}, nil
 }
+
+// Health reports the connection to the in-process server, the history stream (one
+// stream info request), and every running hub and Consume (see [HealthChecker]).
+func (e *EmbeddedNATS) Health(ctx context.Context) error { return e.core.health(ctx, nil) }
 
 // Close stops every consumer and subscription, flushes pending acks, shuts the server
 // down and waits for it, so the store can be opened again with nothing lost.

@@ -46,10 +46,12 @@ type ExternalNATS struct {
 	js   jetstream.JetStream
 	log  *slog.Logger
 
-	closing    atomic.Bool
-	connected  atomic.Bool
-	topologyOK atomic.Bool
-	closedCh   chan struct{}
+	closing   atomic.Bool
+	connected atomic.Bool
+	// topologyErr is nil while the topology has no required finding (the last
+	// re-check's, or a publish's that found its stream gone); else what was found.
+	topologyErr atomic.Pointer[error]
+	closedCh    chan struct{}
 
 	watchCancel context.CancelFunc
 	watchDone   chan struct{}
@@ -70,7 +72,10 @@ type sourceState struct {
 	active float64 // seconds since last contact, -1 before the first attach
 }
 
-var _ Broker = (*ExternalNATS)(nil)
+var (
+	_ Broker        = (*ExternalNATS)(nil)
+	_ HealthChecker = (*ExternalNATS)(nil)
+)
 
 // NewNATS connects to the cluster and waits, up to TopologyWait, until the topology
 // verifies. A required finding left at the end is a *TopologyError listing every
@@ -118,7 +123,6 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	for _, f := range recommended {
 		e.log.Warn("mq: nats topology recommendation", "finding", f.String())
 	}
-	e.topologyOK.Store(true)
 	e.core.lostTopology = e.lostTopology
 	e.pollHistory(bctx)
 	if err := e.registerMetrics(cmp.Or[metric.MeterProvider](cfg.MeterProvider, noop.NewMeterProvider())); err != nil {
@@ -154,7 +158,8 @@ func (e *ExternalNATS) resolveStreams(ctx context.Context) error {
 // lostTopology is called when a publish found its stream gone or its subject held by
 // another stream: the topology gauge drops at once, before the next re-check.
 func (e *ExternalNATS) lostTopology(stream string, err error) {
-	e.topologyOK.Store(false)
+	lost := fmt.Errorf("%w: stream %s gone or replaced (found by a publish): %w", ErrTopology, stream, err)
+	e.topologyErr.Store(&lost)
 	e.log.Error("mq: nats topology lost: a publish found its stream gone or replaced", "stream", stream, "error", err)
 }
 
@@ -169,9 +174,10 @@ func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 }
 
 // Subscribe runs the hub: an ordered, ack-less consumer on the history from now on.
-// The name is ignored: every process needs every event. A handler error is logged.
-func (e *ExternalNATS) Subscribe(ctx context.Context, _ string, handler Handler) error {
-	return e.core.subscribe(ctx, handler)
+// The name only names the hub in Health and the log: every process needs every
+// event. A handler error is logged.
+func (e *ExternalNATS) Subscribe(ctx context.Context, name string, handler Handler) error {
+	return e.core.subscribe(ctx, name, handler)
 }
 
 // CreateConsumer maps cfg.Durable onto the operator's ingest durable and checks it on
@@ -277,6 +283,16 @@ func (e *ExternalNATS) MaxBytes(tenant TenantID) int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.budgets[tenant]
+}
+
+// Health reports the connection, the history stream (one stream info request), every
+// running hub and Consume, and the last topology re-check (see [HealthChecker]).
+func (e *ExternalNATS) Health(ctx context.Context) error {
+	var topo error
+	if err := e.topologyErr.Load(); err != nil {
+		topo = fmt.Errorf("health: %w", *err)
+	}
+	return e.core.health(ctx, topo)
 }
 
 // Stats reports the connection (1 or 0) and the client's counters.

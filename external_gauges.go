@@ -50,17 +50,24 @@ func (e *ExternalNATS) recheck(ctx context.Context) {
 		e.log.Warn("mq: nats topology re-check could not run", "error", err)
 		return
 	}
-	var faults []string
+	var faults []Finding
+	var texts []string
 	for _, f := range findings {
 		if f.Severity == Required && !f.Transient {
-			faults = append(faults, f.String())
+			faults = append(faults, f)
+			texts = append(texts, f.String())
 		}
 	}
-	was := e.topologyOK.Swap(len(faults) == 0)
+	var now *error
+	if len(faults) > 0 {
+		err := error(&TopologyError{Findings: faults})
+		now = &err
+	}
+	was := e.topologyErr.Swap(now)
 	switch {
 	case len(faults) > 0:
-		e.log.Error("mq: nats topology does not match", "findings", faults)
-	case !was:
+		e.log.Error("mq: nats topology does not match", "findings", texts)
+	case was != nil:
 		e.log.Info("mq: nats topology matches again")
 	}
 }
@@ -154,7 +161,7 @@ func (e *ExternalNATS) registerMetrics(mp metric.MeterProvider) error {
 	}
 	e.metrics, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(connected, boolGauge(e.nc.IsConnected()))
-		o.ObserveInt64(ok, boolGauge(e.topologyOK.Load()))
+		o.ObserveInt64(ok, boolGauge(e.topologyErr.Load() == nil))
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for name, s := range e.sources {

@@ -3,11 +3,13 @@ package mq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 )
@@ -33,8 +35,9 @@ func (c *natsCore) delivered(ctx context.Context, m jetstream.Msg, ts time.Time,
 }
 
 // subscribe runs the hub: an ordered, ack-less consumer on the history from the next
-// event on, one per call, so every process sees every event.
-func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
+// event on, one per call, so every process sees every event. name is what Health and
+// the log call it.
+func (c *natsCore) subscribe(ctx context.Context, name string, handler Handler) error {
 	if ctx == nil {
 		return errNilContext("subscribe")
 	}
@@ -64,6 +67,7 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 		return c.mapRequestError("subscribe: history "+c.topo.HistoryStream, err)
 	}
 	var stopped atomic.Bool
+	h := c.newHubHealth(ctx, name, cons, &stopped)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		if stopped.Load() {
 			return
@@ -73,17 +77,15 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 		if err := c.handle("hub", handler, msg); err != nil && !errors.Is(err, errHandlerPanicked) { // a panic is logged already
 			c.log.Warn("mq: hub handler failed; the hub has no redelivery", "topic", msg.key, "error", err)
 		}
-	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		if !stopped.Load() {
-			c.log.Debug("mq: hub consumer reported", "error", err)
-		}
-	}))
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { h.reported(err) }))
 	if err != nil {
+		h.forget()
 		return c.mapRequestError("subscribe: history "+c.topo.HistoryStream, err)
 	}
 	done := make(chan struct{})
 	stop := sync.OnceFunc(func() {
 		stopped.Store(true) // no handler call starts after this
+		h.forget()
 		// An ordered consumer's Stop waits for its lock, which a reset retry (history
 		// unreachable) holds for up to ~20 s; Close must not wait for that. Once the
 		// connection closes the retry fails at once and this returns.
@@ -104,4 +106,81 @@ func (c *natsCore) subscribe(ctx context.Context, handler Handler) error {
 		}
 	}()
 	return nil
+}
+
+// hubWatchPoll is how often an interrupted hub looks whether its consumer was made
+// again.
+const hubWatchPoll = 250 * time.Millisecond
+
+// hubHealth is what Health knows of one hub. The ordered consumer recreates its
+// consumer on the history after a missed heartbeat, a deleted consumer or no
+// responders, retrying for good and reporting nothing more: the hub is interrupted
+// from such a report until the consumer has a new name.
+type hubHealth struct {
+	c        *natsCore
+	ctx      context.Context
+	name     string
+	cons     jetstream.Consumer
+	stopped  *atomic.Bool
+	part     *part
+	forget   func()
+	known    atomic.Pointer[string] // the consumer's name while it delivered
+	watching atomic.Bool
+}
+
+func (c *natsCore) newHubHealth(ctx context.Context, name string, cons jetstream.Consumer, stopped *atomic.Bool) *hubHealth {
+	h := &hubHealth{c: c, ctx: ctx, name: name, cons: cons, stopped: stopped}
+	h.part, h.forget = c.addPart(fmt.Sprintf("hub %q", name))
+	if info := cons.CachedInfo(); info != nil {
+		h.known.Store(&info.Name)
+	}
+	return h
+}
+
+// reported hears the ordered consumer's errors. It runs under the consumer's lock.
+func (h *hubHealth) reported(err error) {
+	if h.stopped.Load() {
+		return
+	}
+	resets := errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, nats.ErrNoResponders)
+	if errors.Is(err, nats.ErrConnectionClosed) {
+		h.c.log.Warn("mq: hub stopped: the connection closed", "hub", h.name, "error", err)
+		h.part.fail(fmt.Errorf("%w: hub %q stopped: %w", ErrDeliveryEnded, h.name, err))
+		return
+	}
+	if !resets {
+		h.c.log.Debug("mq: hub consumer reported", "hub", h.name, "error", err)
+		return
+	}
+	if h.part.fault.Load() == nil {
+		h.c.log.Warn("mq: hub stopped delivering; it recreates its consumer on the history", "hub", h.name,
+			"stream", h.c.topo.HistoryStream, "error", err)
+	}
+	h.part.fail(fmt.Errorf("%w: hub %q stopped delivering: %w", ErrUnavailable, h.name, err))
+	if h.watching.CompareAndSwap(false, true) {
+		go h.watch()
+	}
+}
+
+// watch waits until the ordered consumer has a consumer other than the one that was
+// interrupted, then clears the fault. It ends with the hub.
+func (h *hubHealth) watch() {
+	for !h.stopped.Load() {
+		// CachedInfo waits while the consumer is being made again.
+		if info := h.cons.CachedInfo(); info != nil {
+			if known := h.known.Load(); known == nil || *known != info.Name {
+				h.known.Store(&info.Name)
+				// A report from here on starts a watch of its own.
+				h.watching.Store(false)
+				h.part.heal()
+				h.c.log.Info("mq: hub delivers again", "hub", h.name)
+				return
+			}
+		}
+		if sleepCtx(h.ctx, hubWatchPoll) != nil {
+			break
+		}
+	}
+	h.watching.Store(false)
 }

@@ -41,6 +41,8 @@ type natsCore struct {
 	mu       sync.Mutex
 	nextID   int
 	stoppers map[int]func()
+	// parts are the running deliveries Health answers for.
+	parts map[*part]struct{}
 }
 
 func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) *natsCore {
@@ -50,6 +52,7 @@ func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *
 		settler:      func(m jetstream.Msg) Settler { return m },
 		lostTopology: func(string, error) {},
 		stoppers:     make(map[int]func()),
+		parts:        make(map[*part]struct{}),
 	}
 	for p := range topo.Partitions {
 		c.partitions = append(c.partitions, topo.PartitionStream(p))

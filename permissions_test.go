@@ -74,7 +74,7 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	ctx := testCtx(t)
 
 	hub := make(chan *Message, 4)
-	require.NoError(t, c.subscribe(ctx, func(m *Message) error { hub <- m; return nil }))
+	require.NoError(t, c.subscribe(ctx, "permissions", func(m *Message) error { hub <- m; return nil }))
 
 	topic := Topic{Tenant: "acme", Table: "t", Scope: "s"}
 	ev, err := c.ingestEvent(ctx, topic, []byte("one"), nil)

@@ -3,6 +3,7 @@ package mq
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -37,6 +38,9 @@ type dispatcher struct {
 	policy  workerPolicy
 	share   int    // each pull's batch
 	group   *group // the workers sharing the partitions
+	// part is what Health knows of this Consume; forget ends that at stop.
+	part   *part
+	forget func()
 
 	mu       sync.Mutex
 	wake     *sync.Cond // a lane became ready, or the delivery is over
@@ -120,6 +124,7 @@ func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Han
 	}
 	d.wake = sync.NewCond(&d.mu)
 	d.room = sync.NewCond(&d.mu)
+	d.part, d.forget = c.addPart(fmt.Sprintf("worker %q", durable))
 	d.pool.Add(policy.concurrency)
 	for range policy.concurrency {
 		go d.runLanes()

@@ -3,6 +3,7 @@ package mq
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 // StopTimeout for the calls in flight, then hands back every partition. A second call
 // waits for the first to finish.
 func (d *dispatcher) stop() {
+	d.forget() // stopped by its caller (or Close): Health no longer counts it
 	d.mu.Lock()
 	if d.stopped {
 		d.mu.Unlock()
@@ -125,6 +127,7 @@ func (d *dispatcher) ended(err error) {
 		return
 	}
 	d.reported = true
+	d.part.fail(fmt.Errorf("%s delivery ended: %w", d.part.name, err))
 	d.failed <- err // buffered for exactly this one report
 	d.wake.Broadcast()
 	d.room.Broadcast()

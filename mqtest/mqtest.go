@@ -19,7 +19,8 @@
 // capability flag in [Caps] says which way, and every flag is checked by behaviour in
 // both directions: declaring true for something that does not work, or false for
 // something that does, fails a case. Nothing else is optional, except the cases that
-// need a hook the harness left nil.
+// need a hook the harness left nil, and the Health cases, which a broker that does not
+// implement [mq.HealthChecker] skips.
 //
 // Every case runs as a parallel subtest on its own broker from [Harness.New]. Waits for
 // something that should happen are bounded by a generous 5 s; something that must not
@@ -196,6 +197,7 @@ func cases() []testCase {
 		budgetCases(),
 		purgeCases(),
 		closeCases(),
+		healthCases(),
 		restartCases(),
 	} {
 		all = append(all, group...)

@@ -1,0 +1,61 @@
+package mqtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+// Health is optional: a broker that does not implement mq.HealthChecker skips these
+// cases with that reason.
+
+func healthCases() []testCase {
+	return []testCase{
+		{"HealthReportsAnEndedConsumeUntilStoppedAndErrClosedAfterClose", always, healthFollowsDelivery},
+	}
+}
+
+// healthOf returns b's HealthChecker, or skips the case.
+func healthOf(t *testing.T, b mq.Broker) mq.HealthChecker {
+	t.Helper()
+	hc, ok := b.(mq.HealthChecker)
+	if !ok {
+		t.Skipf("the broker, a %T, does not implement mq.HealthChecker", b)
+	}
+	return hc
+}
+
+// healthFollowsDelivery: Health is nil while a hub and a Consume run; once the
+// Consume's delivery ended on its own it wraps mq.ErrDeliveryEnded, until the caller
+// stops that Consume; after Close it wraps mq.ErrClosed.
+func healthFollowsDelivery(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hc := healthOf(t, e.b)
+	check := func() error {
+		ctx, cancel := context.WithTimeout(e.ctx, wait)
+		defer cancel()
+		return hc.Health(ctx)
+	}
+	e.subscribe("health")
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	e.prime(c)
+	require.NoError(t, check(), "Health with a hub and a Consume running")
+
+	h.EndDelivery(t, e.b)
+	select {
+	case err := <-c.failed:
+		require.ErrorIs(t, err, mq.ErrDeliveryEnded)
+	case <-e.ctx.Done():
+		t.Fatal("delivery ended from outside was not reported on failed")
+	}
+	assert.ErrorIs(t, check(), mq.ErrDeliveryEnded, "Health once the Consume's delivery ended")
+	c.stop()
+	assert.NoError(t, check(), "Health once the caller stopped the ended Consume")
+
+	require.NoError(t, e.b.Close())
+	assert.ErrorIs(t, check(), mq.ErrClosed, "Health after Close")
+}
