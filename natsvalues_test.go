@@ -41,6 +41,14 @@ type helmValues struct {
 		} `yaml:"jetstream"`
 		Merge map[string]any `yaml:"merge"`
 	} `yaml:"config"`
+	Container struct {
+		Image struct {
+			Tag string `yaml:"tag"`
+		} `yaml:"image"`
+	} `yaml:"container"`
+	PromExporter struct {
+		Enabled bool `yaml:"enabled"`
+	} `yaml:"promExporter"`
 }
 
 func loadValues(t *testing.T) helmValues {
@@ -161,4 +169,12 @@ func (f *natsFixture) applyShipped(t *testing.T, replicas int, edits ...func(*sh
 	}
 	f.apply(t, s)
 	return s
+}
+
+func TestShippedValues_PinTheServerVersionTheLibraryIsTestedWithAndExportMetrics(t *testing.T) {
+	v := loadValues(t)
+	version, _, _ := strings.Cut(v.Container.Image.Tag, "-")
+	require.Equal(t, server.VERSION, version,
+		"the chart's server image must be the nats-server the tests link (go.mod): the durability tests pin its behaviour")
+	require.True(t, v.PromExporter.Enabled, "the chart's Prometheus exporter is on")
 }
