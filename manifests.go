@@ -82,6 +82,12 @@ func manifestHeader(topo NATSTopology) string {
 		fmt.Sprintf("pinnedTtl %s), so workers sharing the partitions never interleave a tenant's events. A durable", formatDuration(topo.PinnedTTL)),
 		"created without it by an earlier version is updated in place when this is applied: the server",
 		"keeps its ack floor and unacknowledged events.",
+		"Nothing here is redundant; every field below is checked by the mq verifier at boot:",
+		"  maxAge: 0s on a partition: NACK's default for a missing maxAge is one year, and an unwritten",
+		"    event must never expire;",
+		"  denyDelete, denyPurge and preventDelete on a partition: they hold events no worker has written;",
+		"  maxDeliver: -1 on the durable: the worker parks a poison event itself (with why) and acks it;",
+		"    a server-side limit would stop redelivering without parking, leaving the event stuck.",
 	}
 	var b strings.Builder
 	for _, l := range lines {
