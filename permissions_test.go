@@ -60,7 +60,9 @@ func appCore(t *testing.T, f *natsFixture) *natsCore {
 	nc := f.connect(t, appUser)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog)
+	c, err := newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog)
+	require.NoError(t, err)
+	return c
 }
 
 // TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull, ack
