@@ -194,10 +194,7 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	if err != nil {
 		return fmt.Errorf("embedded nats: jetstream: %w", err)
 	}
-	e.core, err = newNATSCore(e.topo, nc, e.js, e.log)
-	if err != nil {
-		return fmt.Errorf("embedded nats: %w", err)
-	}
+	e.core = newNATSCore(e.topo, nc, e.js, e.log)
 	e.core.settler = e.settler
 	return nil
 }

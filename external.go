@@ -134,10 +134,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 // resolveStreams finds each partition's stream and the dead-letter stream by subject:
 // the operator may name them anything.
 func (e *ExternalNATS) resolveStreams(ctx context.Context) error {
-	var err error
-	if e.core, err = newNATSCore(e.topo, e.nc, e.js, e.log); err != nil {
-		return err
-	}
+	e.core = newNATSCore(e.topo, e.nc, e.js, e.log)
 	subs := e.topo.subjects()
 	for p := range e.topo.Partitions {
 		name, err := e.js.StreamNameBySubject(ctx, subs.ingest(p, "x"))

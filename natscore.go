@@ -25,12 +25,6 @@ type natsCore struct {
 	js   jetstream.JetStream
 	log  *slog.Logger
 
-	// pub is the publishing handle on nc: asynchronous publishes in a window of
-	// publishWindow, each unanswered one forgotten after PublishTimeout. connClosed
-	// closes when nc does, ending every wait for an answer that can no longer come.
-	pub        jetstream.JetStream
-	connClosed chan struct{}
-
 	// partitions[p] and deadLetters name the streams found for partition p and for
 	// dead letters: the topology's names in EmbeddedNATS, the operator's in ExternalNATS.
 	partitions  []string
@@ -49,20 +43,9 @@ type natsCore struct {
 	stoppers map[int]func()
 }
 
-// publishWindow bounds the publishes in flight on the connection, unanswered ones
-// included until PublishTimeout forgets them. Every caller has one in flight, so only
-// more concurrent callers than this ever wait for room.
-const publishWindow = 4096
-
-func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) (*natsCore, error) {
-	pub, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(publishWindow), jetstream.WithPublishAsyncTimeout(topo.PublishTimeout))
-	if err != nil {
-		return nil, fmt.Errorf("publisher: %w", err)
-	}
+func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) *natsCore {
 	c := &natsCore{
 		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log,
-		pub: pub, connClosed: make(chan struct{}),
 		deadLetters:  topo.DeadLetterStream(),
 		settler:      func(m jetstream.Msg) Settler { return m },
 		lostTopology: func(string, error) {},
@@ -71,23 +54,7 @@ func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *
 	for p := range topo.Partitions {
 		c.partitions = append(c.partitions, topo.PartitionStream(p))
 	}
-	c.watchClose()
-	return c, nil
-}
-
-// watchClose closes connClosed once nc is closed. nats.go tells a status listener of
-// the close and then closes it; a connection closed already is seen at once.
-func (c *natsCore) watchClose() {
-	status := c.nc.StatusChanged(nats.CLOSED)
-	if c.nc.IsClosed() {
-		c.nc.RemoveStatusListener(status)
-		close(c.connClosed)
-		return
-	}
-	go func() {
-		<-status
-		close(c.connClosed)
-	}()
+	return c
 }
 
 // track registers stop to run at Close. It reports false once the broker is closing.

@@ -60,9 +60,7 @@ func appCore(t *testing.T, f *natsFixture) *natsCore {
 	nc := f.connect(t, appUser)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	c, err := newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog)
-	require.NoError(t, err)
-	return c
+	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog)
 }
 
 // TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull, ack

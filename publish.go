@@ -170,10 +170,6 @@ func userHeaders(h nats.Header) Headers {
 // send publishes ev and waits for the stream's confirmation. Each attempt is bounded by
 // PublishTimeout; an attempt whose answer was lost is sent again, at most twice, with
 // the same message id, so the stream stores it once.
-//
-// Attempts go out through nats.go's asynchronous publish, each waiting for its own
-// answer: concurrent callers share one reply subscription and pipeline on the
-// connection instead of each making a request of its own.
 func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -186,7 +182,11 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 				return nil, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
 			}
 		}
-		ack, err := c.sendOnce(ctx, ev, id)
+		msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
+		actx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
+		ack, err := c.js.PublishMsg(actx, msg,
+			jetstream.WithMsgID(id), jetstream.WithExpectStream(ev.stream), jetstream.WithRetryAttempts(0))
+		cancel()
 		if err == nil {
 			return ack, nil
 		}
@@ -194,47 +194,11 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 			return nil, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
 		}
 		lastErr = err
-		if !(noAnswer(err) || errors.Is(err, errAnswerLost)) || c.nc.IsClosed() {
+		if !noAnswer(err) || c.nc.IsClosed() {
 			break
 		}
 	}
 	return nil, c.mapPublishError(ev, lastErr)
-}
-
-// errAnswerLost: the connection dropped while an attempt waited for its answer, which
-// nats.go then forgets; the event may be stored, so it is sent again with its id.
-var errAnswerLost = errors.New("answer lost with the connection")
-
-// sendOnce makes one attempt: it hands ev to the pipeline and waits for its answer,
-// for ctx, or for the connection to close. nats.go's publish timeout (PublishTimeout)
-// ends a wait nobody answers and frees its place in the window.
-func (c *natsCore) sendOnce(ctx context.Context, ev outgoing, id string) (*jetstream.PubAck, error) {
-	msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
-	f, err := c.pub.PublishMsgAsync(msg,
-		jetstream.WithMsgID(id), jetstream.WithExpectStream(ev.stream), jetstream.WithRetryAttempts(0))
-	switch {
-	case errors.Is(err, jetstream.ErrTooManyStalledMsgs):
-		// The window stayed full: nothing was sent; a later attempt may find room.
-		return nil, fmt.Errorf("%w: %w", nats.ErrTimeout, err)
-	case err != nil:
-		return nil, err
-	}
-	select {
-	case ack := <-f.Ok():
-		return ack, nil
-	case err := <-f.Err():
-		switch {
-		case errors.Is(err, jetstream.ErrAsyncPublishTimeout):
-			return nil, fmt.Errorf("%w: %w", nats.ErrTimeout, err)
-		case errors.Is(err, nats.ErrDisconnected):
-			return nil, fmt.Errorf("%w: %w", errAnswerLost, err)
-		}
-		return nil, err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-c.connClosed:
-		return nil, nats.ErrConnectionClosed
-	}
 }
 
 // ingestEvent prepares topic's event for its partition, its message id scoped to the

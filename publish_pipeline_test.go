@@ -13,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The ways to fail that the pipelined publish adds: an answer lost in the window, a
-// caller that gives up while its answer is pending, and a Close while answers are.
+// Publish's promises where an answer goes missing: an answer lost is sent again with
+// the same id, a caller may give up while its answer is pending, and a Close ends every
+// wait. Written for the pipelined publish (issue 10), which did not beat the
+// synchronous one; they hold for both.
 
 // awaitStored waits until stream holds n events, read as the operator.
 func awaitStored(t *testing.T, f *externalFixture, stream string, n uint64) {
@@ -23,7 +25,7 @@ func awaitStored(t *testing.T, f *externalFixture, stream string, n uint64) {
 		"stream %s never held %d events", stream, n)
 }
 
-func TestPublish_AnAnswerLostInThePipelineIsSentAgainWithItsIDAndStoredOnce(t *testing.T) {
+func TestPublish_ALostAnswerIsSentAgainWithItsIDAndStoredOnce(t *testing.T) {
 	t.Parallel()
 	f, p, e := proxiedBroker(t, 3*time.Second)
 	ctx := testCtx(t)
@@ -37,7 +39,7 @@ func TestPublish_AnAnswerLostInThePipelineIsSentAgainWithItsIDAndStoredOnce(t *t
 	done := make(chan error, 1)
 	go func() { done <- e.Publish(ctx, topic, []byte("once"), WithIdempotencyKey("row-1")) }()
 	awaitStored(t, f, stream, before+1) // stored, its answer dropped
-	p.cut()                             // the client reconnects: nats.go forgets the pending answer
+	p.cut()                             // the client reconnects; the retry asks again
 
 	require.NoError(t, <-done, "the retry's answer is the stored event's, a duplicate")
 	assert.Equal(t, before+1, f.streamMsgs(t, stream), "stored once")
@@ -61,9 +63,6 @@ func TestPublish_ACallerThatGivesUpWhileItsAnswerIsPendingGetsItsContextsError(t
 	err = <-done
 	require.ErrorIs(t, err, context.Canceled)
 	assert.NotErrorIs(t, err, ErrUnavailable)
-
-	p.cut()
-	require.NoError(t, e.Publish(testCtx(t), topic, []byte("y")), "the pipeline still works")
 }
 
 func TestPublish_CloseWithAnswersPendingEndsEveryCallerWithErrClosed(t *testing.T) {
