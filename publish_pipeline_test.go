@@ -1,0 +1,138 @@
+//go:build integration
+
+package mq
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Publish's promises where an answer goes missing: an answer lost is sent again with
+// the same id, a caller may give up while its answer is pending, and a Close ends every
+// wait. Written for the pipelined publish (issue 10), which did not beat the
+// synchronous one; they hold for both.
+
+// awaitStored waits until stream holds n events, read as the operator.
+func awaitStored(t *testing.T, f *externalFixture, stream string, n uint64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return f.streamMsgs(t, stream) >= n }, 10*time.Second, 5*time.Millisecond,
+		"stream %s never held %d events", stream, n)
+}
+
+func TestPublish_ALostAnswerIsSentAgainWithItsIDAndStoredOnce(t *testing.T) {
+	t.Parallel()
+	f, p, e := proxiedBroker(t, 3*time.Second)
+	ctx := testCtx(t)
+	topic := Topic{Tenant: "acme", Table: "lost-answer"}
+	_, part, err := e.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	stream := e.core.partitions[part]
+	before := f.streamMsgs(t, stream)
+
+	p.dropFromServer()
+	done := make(chan error, 1)
+	go func() { done <- e.Publish(ctx, topic, []byte("once"), WithIdempotencyKey("row-1")) }()
+	awaitStored(t, f, stream, before+1) // stored, its answer dropped
+	p.cut()                             // the client reconnects; the retry asks again
+
+	require.NoError(t, <-done, "the retry's answer is the stored event's, a duplicate")
+	assert.Equal(t, before+1, f.streamMsgs(t, stream), "stored once")
+}
+
+func TestPublish_ACallerThatGivesUpWhileItsAnswerIsPendingGetsItsContextsError(t *testing.T) {
+	t.Parallel()
+	f, p, e := proxiedBroker(t, 30*time.Second) // only the caller can end the wait
+	topic := Topic{Tenant: "acme", Table: "given-up"}
+	_, part, err := e.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	stream := e.core.partitions[part]
+	before := f.streamMsgs(t, stream)
+
+	p.dropFromServer()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	done := make(chan error, 1)
+	go func() { done <- e.Publish(ctx, topic, []byte("x")) }()
+	awaitStored(t, f, stream, before+1)
+	cancel()
+	err = <-done
+	require.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+}
+
+func TestPublish_CloseWithAnswersPendingEndsEveryCallerWithErrClosed(t *testing.T) {
+	t.Parallel()
+	f, p, e := proxiedBroker(t, 30*time.Second) // only the close can end the waits
+	topic := Topic{Tenant: "acme", Table: "closing"}
+	_, part, err := e.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	stream := e.core.partitions[part]
+	before := f.streamMsgs(t, stream)
+
+	p.dropFromServer()
+	ctx := testCtx(t)
+	const callers = 8
+	errs := make(chan error, callers)
+	for range callers {
+		go func() { errs <- e.Publish(ctx, topic, []byte("x")) }()
+	}
+	awaitStored(t, f, stream, before+callers)
+	require.NoError(t, e.Close())
+	for range callers {
+		select {
+		case err := <-errs:
+			require.ErrorIs(t, err, ErrClosed)
+		case <-ctx.Done():
+			t.Fatal("a publish still waits after Close")
+		}
+	}
+}
+
+func TestEmbeddedNATS_CloseUnderConcurrentPublishesEndsEachWithSuccessOrErrClosed(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, t.TempDir())
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<30))
+	topic := Topic{Tenant: "acme", Table: "closing"}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stored, refused := 0, 0
+	for range 32 {
+		wg.Go(func() {
+			for {
+				err := e.Publish(ctx, topic, []byte("x"))
+				mu.Lock()
+				if err == nil {
+					stored++
+				}
+				mu.Unlock()
+				if err != nil {
+					if !errors.Is(err, ErrClosed) {
+						t.Errorf("publish during Close: %v, want success or ErrClosed", err)
+					}
+					mu.Lock()
+					refused++
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return stored >= 200 },
+		10*time.Second, time.Millisecond)
+	require.NoError(t, e.Close())
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("a publish still runs after Close")
+	}
+	assert.Equal(t, 32, refused)
+}
