@@ -457,7 +457,8 @@ type DeadLetterSelector struct {
 type DeadLetterManager interface {
 	// DeadLetters returns a page of tenant's parked events, oldest first, with their
 	// data and headers (the Mq-Dead-* ones the worker's poison policy set included,
-	// no "Nats-" one), and the cursor of the next page, "" after the last. An invalid
+	// no "Nats-" one), and the cursor of the next page, "" after the last (a full
+	// page may be followed by an empty one). An invalid
 	// tenant wraps ErrInvalidTenant; a bad cursor or limit ErrInvalidConfig.
 	DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) (page []*Message, next string, err error)
 	// Redrive publishes the selected parked events again, oldest first, each to its
