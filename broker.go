@@ -45,6 +45,11 @@ var (
 	// dead-letter queue. Brokers whose tenants share one queue return zero counts.
 	ErrNoDeadLetterQueue = errors.New("mq: dead-letter queue not found")
 
+	// ErrDeadLetterNotFound: an id given to Redrive or DeleteDeadLetters is not a
+	// parked event of the tenant (never parked, already redriven or deleted, another
+	// tenant's, or not an id DeadLetters returned). Nothing was done.
+	ErrDeadLetterNotFound = errors.New("mq: dead letter not found")
+
 	// ErrTopology: the NATS cluster does not have the shape this package needs. The
 	// error is a *TopologyError that lists every finding.
 	ErrTopology = errors.New("mq: nats topology mismatch")
@@ -424,6 +429,51 @@ type DeadLetterer interface {
 	// narrows Tables to that table and all its scopes; Total is never narrowed. A read
 	// failure is an error, never an empty count.
 	DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error)
+}
+
+// DeadLetterQuery pages one tenant's parked events.
+type DeadLetterQuery struct {
+	// Table narrows the page to one table, every scope of it included.
+	Table string
+	// Limit is the page's size; 0 means 100.
+	Limit int
+	// Cursor is where the page starts: "" for the oldest, else the next cursor a
+	// previous call returned. It is opaque.
+	Cursor string
+}
+
+// DeadLetterSelector picks parked events of one tenant: All of them, one Table's
+// (every scope), or the IDs DeadLetters returned. Exactly one way must be given
+// (All with a Table means the Table).
+type DeadLetterSelector struct {
+	All   bool
+	Table string
+	IDs   []string
+}
+
+// DeadLetterManager reads, redrives and removes parked events. It is not part of
+// Broker: the NATS brokers implement it. For them a parked event's Message.ID is its
+// sequence on the dead-letter stream, in decimal, and its Timestamp when it was parked.
+type DeadLetterManager interface {
+	// DeadLetters returns a page of tenant's parked events, oldest first, with their
+	// data and headers (the Mq-Dead-* ones the worker's poison policy set included,
+	// no "Nats-" one), and the cursor of the next page, "" after the last (a full
+	// page may be followed by an empty one). An invalid
+	// tenant wraps ErrInvalidTenant; a bad cursor or limit ErrInvalidConfig.
+	DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) (page []*Message, next string, err error)
+	// Redrive publishes the selected parked events again, oldest first, each to its
+	// own topic with its own headers but not the Mq-Dead-* ones, as Publish does
+	// (budgets included: ErrQueueFull stops it, and the rest stays parked). Each is
+	// published with an idempotency key made from its park, so a redrive retried after
+	// a failure stores it once (within the partitions' duplicate window), and removed
+	// from the dead-letter queue only once stored. It returns how many it redrove, also
+	// on an error. An event parked again while it runs waits for the next Redrive. An
+	// id that is not tenant's parked event wraps ErrDeadLetterNotFound, and then
+	// nothing is redriven.
+	Redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error)
+	// DeleteDeadLetters removes the selected parked events and returns how many, with
+	// the errors of Redrive.
+	DeleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error)
 }
 
 // Purger reclaims what is both written and no longer needed for replay.

@@ -158,11 +158,22 @@ func fillUntilFull(t *testing.T, b mq.Broker, tenant mq.TenantID) {
 	}
 }
 
+// parkedMessages reads tenant's parked events through the public DeadLetterManager, in
+// small pages so every conformance case that reads parks also pages.
 func parkedMessages(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	msgs, err := mq.ParkedMessages(ctx, embeddedOf(t, b), tenant)
-	require.NoError(t, err, "parked messages of %s", tenant)
-	return msgs
+	dm, ok := b.(mq.DeadLetterManager)
+	require.True(t, ok, "%T is no DeadLetterManager", b)
+	var msgs []*mq.Message
+	for cursor := ""; ; {
+		page, next, err := dm.DeadLetters(ctx, tenant, mq.DeadLetterQuery{Limit: 2, Cursor: cursor})
+		require.NoError(t, err, "parked messages of %s", tenant)
+		msgs = append(msgs, page...)
+		if next == "" {
+			return msgs
+		}
+		cursor = next
+	}
 }

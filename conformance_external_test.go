@@ -61,13 +61,8 @@ func TestExternalNATS_Conformance(t *testing.T) {
 			fixtureOf(t, b).ShrinkPartitionOf(t, tenant, 4096)
 			fillUntilFull(t, b, tenant)
 		},
-		DeadLetters: func(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message {
-			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-			defer cancel()
-			msgs, err := fixtureOf(t, b).ParkedMessages(ctx, b.(*mq.ExternalNATS), tenant)
-			require.NoError(t, err)
-			return msgs
-		},
+		// Read as the restricted user, through the public DeadLetterManager.
+		DeadLetters: parkedMessages,
 		// Every flag about the operator's durable and retention stays false.
 		Caps: mqtest.Caps{
 			RetryPolicy:       true,

@@ -507,3 +507,19 @@ func (l serverLogger) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf
 func (l serverLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
 func (l serverLogger) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l serverLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+
+// DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].
+func (e *EmbeddedNATS) DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) ([]*Message, string, error) {
+	return e.core.listDeadLetters(ctx, tenant, q)
+}
+
+// Redrive publishes the selected parked events again through Publish and removes each
+// once stored; see [DeadLetterManager].
+func (e *EmbeddedNATS) Redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	return e.core.redrive(ctx, tenant, sel, e.Publish)
+}
+
+// DeleteDeadLetters removes the selected parked events; see [DeadLetterManager].
+func (e *EmbeddedNATS) DeleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	return e.core.deleteDeadLetters(ctx, tenant, sel)
+}

@@ -361,3 +361,19 @@ func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
 	}
 	return VerifyNATSTopology(wctx, js, cfg.NATSTopology)
 }
+
+// DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].
+func (e *ExternalNATS) DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) ([]*Message, string, error) {
+	return e.core.listDeadLetters(ctx, tenant, q)
+}
+
+// Redrive publishes the selected parked events again through Publish and removes each
+// once stored; see [DeadLetterManager].
+func (e *ExternalNATS) Redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	return e.core.redrive(ctx, tenant, sel, e.Publish)
+}
+
+// DeleteDeadLetters removes the selected parked events; see [DeadLetterManager].
+func (e *ExternalNATS) DeleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	return e.core.deleteDeadLetters(ctx, tenant, sel)
+}

@@ -3,7 +3,6 @@
 package mq
 
 import (
-	"context"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,9 +38,4 @@ func (x *ExternalFixture) ShrinkPartitionOf(t *testing.T, tenant TenantID, maxBy
 	topo := shippedTopology.WithDefaults()
 	x.f.updateStream(t, topo.PartitionStream(Partition(tenant, topo.Partitions)),
 		func(cfg *jetstream.StreamConfig) { cfg.MaxBytes = maxBytes })
-}
-
-// ParkedMessages reads tenant's parked events back, as the operator.
-func (x *ExternalFixture) ParkedMessages(ctx context.Context, e *ExternalNATS, tenant TenantID) ([]*Message, error) {
-	return parkedFrom(ctx, x.f.admin, e.core, tenant)
 }

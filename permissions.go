@@ -11,7 +11,7 @@ import (
 // NATSPermissions are the subjects the restricted application user may publish to and
 // subscribe on: everything the brokers do (publish, pull, ack and unpin the ingest
 // durable, the workers' presence, dead letters, the hub and replay consumers on the
-// history, stream and consumer info) and nothing that changes the topology.
+// history, stream and consumer info, reading and deleting single parked events) and nothing that changes the topology.
 type NATSPermissions struct {
 	PublishAllow   []string
 	PublishDeny    []string
@@ -44,6 +44,10 @@ func PermissionsFor(topo NATSTopology) NATSPermissions {
 			"$JS.API.CONSUMER.CREATE." + h + ".>",
 			"$JS.API.CONSUMER.MSG.NEXT." + h + ".>",
 			"$JS.API.CONSUMER.DELETE." + h + ".>",
+			// Dead letters as a workflow: read parked events one by one, and delete
+			// one once redriven or dismissed. Neither changes the stream.
+			"$JS.API.STREAM.MSG.GET." + topo.DeadLetterStream(),
+			"$JS.API.STREAM.MSG.DELETE." + topo.DeadLetterStream(),
 		},
 		PublishDeny: []string{
 			"$JS.API.STREAM.CREATE.>",

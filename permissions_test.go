@@ -113,6 +113,13 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	counts, err := c.deadLetterCounts(ctx, "acme", "")
 	require.NoError(t, err, "dead-letter counts")
 	assert.Equal(t, DeadLetterCounts{Tables: map[string]uint64{"t": 1}, Total: 1}, counts)
+	parkedPage, _, err := c.listDeadLetters(ctx, "acme", DeadLetterQuery{})
+	require.NoError(t, err, "read parked events (STREAM.MSG.GET on the dead-letter stream)")
+	require.Len(t, parkedPage, 1)
+	assert.Equal(t, "poison", parkedPage[0].Headers.Get("X-Error"))
+	n, err := c.deleteDeadLetters(ctx, "acme", DeadLetterSelector{IDs: []string{parkedPage[0].ID}})
+	require.NoError(t, err, "delete a parked event (STREAM.MSG.DELETE on the dead-letter stream)")
+	assert.Equal(t, 1, n)
 
 	select {
 	case hm := <-hub:
@@ -168,6 +175,9 @@ func TestNATSPermissions_RefuseEveryTopologyChange(t *testing.T) {
 	require.NoError(t, err, "stream info is allowed")
 	assert.Error(t, hist.Purge(bounded()), "stream purge")
 	assert.Error(t, c.js.DeleteStream(bounded(), c.topo.DeadLetterStream()), "stream delete")
+	dlq, err := c.js.Stream(t.Context(), c.topo.DeadLetterStream())
+	require.NoError(t, err, "stream info is allowed")
+	assert.Error(t, dlq.Purge(bounded()), "dead-letter purge: deleting single parked events is allowed, purging is not")
 	_, err = c.js.CreateConsumer(bounded(), c.topo.PartitionStream(0), jetstream.ConsumerConfig{Durable: "evil", AckPolicy: jetstream.AckExplicitPolicy})
 	assert.Error(t, err, "a durable on a partition")
 	unpinned := c.topo.ingestConsumerConfig(2)

@@ -576,6 +576,9 @@ func (v *verifier) checkDeadLetters(ctx context.Context) error {
 	if cfg.MaxBytes <= 0 {
 		v.add(Required, obj, "max_bytes", "is unlimited, must be set")
 	}
+	if cfg.DenyDelete {
+		v.add(Required, obj, "deny_delete", "is set: Redrive and DeleteDeadLetters delete single parked events, allow it")
+	}
 	if cfg.MaxMsgsPerSubject <= 0 {
 		v.add(Recommended, obj, "max_msgs_per_subject", "is unlimited: set it so one flooding topic evicts only its own parked events")
 	}

@@ -198,6 +198,7 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		{"dead-letter discard", func(t *testing.T, s *shape) { s.stream(t, dlq).Discard = jetstream.DiscardNew }, req(stream(dlq), "discard"), nil},
 		{"dead-letter storage", func(t *testing.T, s *shape) { s.stream(t, dlq).Storage = jetstream.MemoryStorage }, req(stream(dlq), "storage"), nil},
 		{"dead-letter max_bytes", func(t *testing.T, s *shape) { s.stream(t, dlq).MaxBytes = -1 }, req(stream(dlq), "max_bytes"), nil},
+		{"dead-letter deny_delete", func(t *testing.T, s *shape) { s.stream(t, dlq).DenyDelete = true }, req(stream(dlq), "deny_delete"), nil},
 		{"dead-letter max_msgs_per_subject", func(t *testing.T, s *shape) { s.stream(t, dlq).MaxMsgsPerSubject = -1 }, rec(stream(dlq), "max_msgs_per_subject"), nil},
 	}
 	// says is what a rule's problem must say: an enum value is spelled as in

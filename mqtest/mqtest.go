@@ -194,6 +194,7 @@ func cases() []testCase {
 		deliveryEndCases(),
 		replayCases(),
 		deadLetterCases(),
+		deadLetterWorkflowCases(),
 		budgetCases(),
 		purgeCases(),
 		closeCases(),

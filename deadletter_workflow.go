@@ -1,0 +1,320 @@
+package mq
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// jsErrNoMessageFound is the server's code for a sequence (or a next-by-subject search)
+// that holds no message.
+const jsErrNoMessageFound = 10037
+
+// defaultDeadLetterPage is the page size of a DeadLetterQuery without a Limit.
+const defaultDeadLetterPage = 100
+
+// storedMsgAnswer is a STREAM.MSG.GET answer.
+type storedMsgAnswer struct {
+	Error   *jetstream.APIError `json:"error"`
+	Message *struct {
+		Subject  string    `json:"subject"`
+		Sequence uint64    `json:"seq"`
+		Header   []byte    `json:"hdrs"`
+		Data     []byte    `json:"data"`
+		Time     time.Time `json:"time"`
+	} `json:"message"`
+}
+
+// parked is one stored dead letter.
+type parked struct {
+	seq    uint64
+	key    string
+	header nats.Header
+	msg    *Message
+}
+
+// dlqRequest sends one JetStream API request about the dead-letter stream, bounded by
+// PublishTimeout.
+func (c *natsCore) dlqRequest(ctx context.Context, api string, req any) ([]byte, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
+	defer cancel()
+	msg, err := c.nc.RequestWithContext(rctx, jetstream.DefaultAPIPrefix+api+"."+c.deadLetters, body)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: %s on stream %s: %w", ErrUnavailable, api, c.deadLetters, err)
+	}
+	return msg.Data, nil
+}
+
+// getParked reads the first parked event at or after seq whose subject matches filter,
+// or, with an empty filter, exactly seq. A miss is (nil, nil).
+func (c *natsCore) getParked(ctx context.Context, seq uint64, filter string) (*parked, error) {
+	req := struct {
+		Seq        uint64 `json:"seq"`
+		NextBySubj string `json:"next_by_subj,omitempty"`
+	}{seq, filter}
+	data, err := c.dlqRequest(ctx, "STREAM.MSG.GET", req)
+	if err != nil {
+		return nil, err
+	}
+	var answer storedMsgAnswer
+	if err := json.Unmarshal(data, &answer); err != nil {
+		return nil, fmt.Errorf("dead letter %d: %w", seq, err)
+	}
+	if answer.Error != nil {
+		if answer.Error.ErrorCode == jsErrNoMessageFound {
+			return nil, nil
+		}
+		if answer.Error.ErrorCode == jetstream.JSErrCodeStreamNotFound {
+			return nil, fmt.Errorf("%w: dead-letter stream %s: %w", ErrUnavailable, c.deadLetters, answer.Error)
+		}
+		return nil, fmt.Errorf("dead letter %d on %s: %w", seq, c.deadLetters, answer.Error)
+	}
+	m := answer.Message
+	if m == nil {
+		return nil, nil
+	}
+	h := nats.Header{}
+	if len(m.Header) > 0 {
+		if h, err = nats.DecodeHeadersMsg(m.Header); err != nil {
+			return nil, fmt.Errorf("dead letter %d: headers: %w", m.Sequence, err)
+		}
+	}
+	key := c.subs.keyOrSubject(m.Subject)
+	msg := &Message{
+		Data: m.Data, Headers: userHeaders(h), ID: strconv.FormatUint(m.Sequence, 10),
+		Attempt: 1, Sequence: m.Sequence, Ctx: ctx, key: key, Timestamp: m.Time,
+	}
+	return &parked{seq: m.Sequence, key: key, header: h, msg: msg}, nil
+}
+
+// belongs reports whether p is tenant's and, with a table, that table's (any scope).
+func belongs(p *parked, tenant TenantID, table string) bool {
+	t, err := ParseTopicKey(p.key)
+	if err != nil {
+		// A key this package did not write: the tenant is its first token, as for counts.
+		first, _, _ := strings.Cut(p.key, ".")
+		return first == string(tenant) && table == ""
+	}
+	return t.Tenant == tenant && (table == "" || t.Table == table)
+}
+
+// deadLetters pages tenant's parked events, oldest first.
+func (c *natsCore) listDeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) ([]*Message, string, error) {
+	if err := c.checkDLQCall(ctx, "dead letters", tenant); err != nil {
+		return nil, "", err
+	}
+	from := uint64(1)
+	if q.Cursor != "" {
+		n, err := strconv.ParseUint(q.Cursor, 10, 64)
+		if err != nil || n == 0 {
+			return nil, "", fmt.Errorf("%w: dead letters: cursor %q is not one DeadLetters returned", ErrInvalidConfig, q.Cursor)
+		}
+		from = n
+	}
+	limit := q.Limit
+	switch {
+	case limit < 0:
+		return nil, "", fmt.Errorf("%w: dead letters: negative limit %d", ErrInvalidConfig, limit)
+	case limit == 0:
+		limit = defaultDeadLetterPage
+	}
+	var page []*Message
+	for seq := from; ; {
+		p, err := c.getParked(ctx, seq, c.subs.tenantDeadLetters(tenant))
+		if err != nil {
+			return nil, "", fmt.Errorf("dead letters of %s: %w", tenant, err)
+		}
+		if p == nil {
+			return page, "", nil
+		}
+		seq = p.seq + 1
+		if !belongs(p, tenant, q.Table) {
+			continue
+		}
+		page = append(page, p.msg)
+		if len(page) == limit {
+			return page, strconv.FormatUint(seq, 10), nil
+		}
+	}
+}
+
+func (c *natsCore) checkDLQCall(ctx context.Context, op string, tenant TenantID) error {
+	if ctx == nil {
+		return errNilContext(op)
+	}
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	if err := tenant.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
+
+// selected calls each for every parked event of tenant sel selects, oldest first, up to
+// the last one stored when it started (so an event parked again meanwhile waits for the
+// next call). An id that is not tenant's parked event is ErrDeadLetterNotFound before
+// anything is done.
+func (c *natsCore) selected(ctx context.Context, op string, tenant TenantID, sel DeadLetterSelector, each func(*parked) error) error {
+	if err := c.checkDLQCall(ctx, op, tenant); err != nil {
+		return err
+	}
+	if len(sel.IDs) > 0 {
+		if sel.Table != "" {
+			return fmt.Errorf("%w: %s: select by ids or by table, not both", ErrInvalidConfig, op)
+		}
+		var ps []*parked
+		for _, id := range sel.IDs {
+			seq, err := strconv.ParseUint(id, 10, 64)
+			var p *parked
+			if err == nil && seq > 0 {
+				if p, err = c.getParked(ctx, seq, ""); err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+			}
+			if p == nil || !belongs(p, tenant, "") {
+				return fmt.Errorf("%w: %s: %q is not a parked event of tenant %s", ErrDeadLetterNotFound, op, id, tenant)
+			}
+			ps = append(ps, p)
+		}
+		for _, p := range ps {
+			if err := each(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if !sel.All && sel.Table == "" {
+		return fmt.Errorf("%w: %s: select All, a Table or IDs", ErrInvalidConfig, op)
+	}
+	last, err := c.dlqLastSeq(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	for seq := uint64(1); seq <= last; {
+		p, err := c.getParked(ctx, seq, c.subs.tenantDeadLetters(tenant))
+		if err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		if p == nil || p.seq > last {
+			return nil
+		}
+		seq = p.seq + 1
+		if !belongs(p, tenant, sel.Table) {
+			continue
+		}
+		if err := each(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dlqLastSeq reads the dead-letter stream's last sequence.
+func (c *natsCore) dlqLastSeq(ctx context.Context) (uint64, error) {
+	data, err := c.dlqRequest(ctx, "STREAM.INFO", struct{}{})
+	if err != nil {
+		return 0, err
+	}
+	var answer struct {
+		Error *jetstream.APIError `json:"error"`
+		State struct {
+			LastSeq uint64 `json:"last_seq"`
+		} `json:"state"`
+	}
+	if err := json.Unmarshal(data, &answer); err != nil {
+		return 0, err
+	}
+	if answer.Error != nil {
+		return 0, fmt.Errorf("%w: dead-letter stream %s: %w", ErrUnavailable, c.deadLetters, answer.Error)
+	}
+	return answer.State.LastSeq, nil
+}
+
+// deleteParked removes parked event seq; one already gone is no error.
+func (c *natsCore) deleteParked(ctx context.Context, seq uint64) error {
+	data, err := c.dlqRequest(ctx, "STREAM.MSG.DELETE", struct {
+		Seq     uint64 `json:"seq"`
+		NoErase bool   `json:"no_erase"`
+	}{seq, true})
+	if err != nil {
+		return err
+	}
+	var answer struct {
+		Error   *jetstream.APIError `json:"error"`
+		Success bool                `json:"success"`
+	}
+	if err := json.Unmarshal(data, &answer); err != nil {
+		return err
+	}
+	if answer.Error != nil && answer.Error.ErrorCode != jsErrNoMessageFound {
+		return fmt.Errorf("delete dead letter %d on %s: %w", seq, c.deadLetters, answer.Error)
+	}
+	return nil
+}
+
+// deleteDeadLetters removes what sel selects of tenant's parked events.
+func (c *natsCore) deleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	n := 0
+	err := c.selected(ctx, "delete dead letters", tenant, sel, func(p *parked) error {
+		if err := c.deleteParked(ctx, p.seq); err != nil {
+			return err
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// redriveKey is the idempotency key a redrive publishes parked event seq with: a retried
+// redrive of one park is stored once (within the partitions' duplicate window).
+func redriveKey(stream string, seq uint64) string {
+	return "redrive-" + stream + "-" + strconv.FormatUint(seq, 10)
+}
+
+// redrive re-publishes what sel selects of tenant's parked events through publish (the
+// broker's own Publish, budgets and all) and deletes each once it is stored.
+func (c *natsCore) redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector,
+	publish func(context.Context, Topic, []byte, ...PublishOpt) error) (int, error) {
+	n := 0
+	err := c.selected(ctx, "redrive", tenant, sel, func(p *parked) error {
+		topic, err := ParseTopicKey(p.key)
+		if err != nil {
+			if len(sel.IDs) > 0 {
+				return fmt.Errorf("redrive %d: %w", p.seq, err)
+			}
+			return nil // not a topic this package wrote: it stays parked
+		}
+		opts := []PublishOpt{WithIdempotencyKey(redriveKey(c.deadLetters, p.seq))}
+		for k, vs := range p.msg.Headers {
+			if strings.HasPrefix(strings.ToLower(k), "mq-dead-") {
+				continue
+			}
+			for _, v := range vs {
+				opts = append(opts, WithHeader(k, v))
+			}
+		}
+		if err := publish(ctx, topic, p.msg.Data, opts...); err != nil {
+			return fmt.Errorf("redrive %d: %w", p.seq, err)
+		}
+		if err := c.deleteParked(ctx, p.seq); err != nil {
+			return fmt.Errorf("redrive %d: stored again, still parked: %w", p.seq, err)
+		}
+		n++
+		return nil
+	})
+	return n, err
+}

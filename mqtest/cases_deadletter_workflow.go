@@ -1,0 +1,72 @@
+package mqtest
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wavehouse/mq"
+)
+
+func deadLetterWorkflowCases() []testCase {
+	return []testCase{
+		{"DeadLetterManagerRedrivesByIDWithTheOriginalHeadersAndDeletes", always, redriveByIDAndDelete},
+	}
+}
+
+// redriveByIDAndDelete: a broker that implements mq.DeadLetterManager pages a tenant's
+// parks oldest first, redrives one by id to its own topic with its own headers (no
+// Mq-Dead-* one), after which it is no longer parked, and deletes the rest; another
+// tenant's park is never touched. Skipped for a broker without the interface.
+func redriveByIDAndDelete(t *testing.T, h Harness) {
+	e := setup(t, h)
+	dm, ok := e.b.(mq.DeadLetterManager)
+	if !ok {
+		t.Skipf("%T does not implement mq.DeadLetterManager", e.b)
+	}
+	tp := topic(Acme, "orders", "")
+	for _, d := range []string{"first", "second", "third"} {
+		e.park(tp, d, mq.WithHeader("X-Orig", d), mq.WithHeader(mq.HeaderDeadReason, mq.DeadReasonHandlerFailed))
+	}
+	e.park(topic(Globex, "orders", ""), "foreign")
+
+	page, next, err := dm.DeadLetters(e.ctx, Acme, mq.DeadLetterQuery{Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, page, 2)
+	require.NotEmpty(t, next)
+	rest, last, err := dm.DeadLetters(e.ctx, Acme, mq.DeadLetterQuery{Limit: 2, Cursor: next})
+	require.NoError(t, err)
+	assert.Empty(t, last)
+	page = append(page, rest...)
+	require.Len(t, page, 3)
+	for i, d := range []string{"first", "second", "third"} {
+		assert.Equal(t, d, string(page[i].Data), "oldest first")
+		assert.Equal(t, mq.DeadReasonHandlerFailed, page[i].Headers.Get(mq.HeaderDeadReason))
+	}
+
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	n, err := dm.Redrive(e.ctx, Acme, mq.DeadLetterSelector{IDs: []string{page[1].ID}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	got := next1(t, c.deliveries)
+	assert.Equal(t, "second", got.data)
+	assert.Equal(t, tp, got.topic)
+	assert.Equal(t, "second", got.msg.Headers.Get("X-Orig"))
+	assert.Empty(t, got.msg.Headers.Get(mq.HeaderDeadReason), "a redriven event carries no Mq-Dead-* header")
+	assertCounts(t, map[string]uint64{"orders": 2}, 2, e.counts(Acme, ""), "acme after the redrive")
+
+	_, err = dm.Redrive(e.ctx, Acme, mq.DeadLetterSelector{IDs: []string{page[1].ID}})
+	assert.ErrorIs(t, err, mq.ErrDeadLetterNotFound, "redriven already")
+	n, err = dm.DeleteDeadLetters(e.ctx, Acme, mq.DeadLetterSelector{All: true})
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	assertCounts(t, nil, 0, e.counts(Acme, ""), "acme after the delete")
+	assertCounts(t, map[string]uint64{"orders": 1}, 1, e.counts(Globex, ""), "globex")
+	none(t, c.deliveries)
+}
+
+func next1(t *testing.T, ch <-chan delivery) delivery {
+	t.Helper()
+	return next(t, ch, 1)[0]
+}
