@@ -120,7 +120,8 @@ type Message struct {
 	Sequence uint64
 	// Ctx is the context a handler should work under. On the hub path (Subscribe) it
 	// carries the publisher's trace context; on the worker path (Consume) it is the
-	// context given to CreateConsumer.
+	// context given to CreateConsumer with the delivery's consumer span (a child of
+	// the publisher's) in it; on ReplaySince it is the caller's with the replay span.
 	Ctx context.Context
 
 	key     string

@@ -8,12 +8,13 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
 // deadLetter parks msg's data and headers under its own topic key on the dead-letter
 // stream. Its message id is never the original's (that left with its Nats- headers):
 // a fresh one, or the caller's idempotency key scoped to msg's tenant, as on Publish.
-func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) error {
+func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) (err error) {
 	if ctx == nil {
 		return errNilContext("dead letter")
 	}
@@ -32,10 +33,13 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	// The key's first token is the tenant, also for a key this package did not write:
 	// DeadLetterCounts counts that park under the same tenant.
 	tenant, _, _ := strings.Cut(msg.key, ".")
+	ctx, span := c.startSend(ctx, opDeadLetter, c.subs.dlqTemplate(), -1)
+	defer func() { endSpan(span, err) }()
 	ev, err := c.prepare(ctx, tenant, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
 	if err != nil {
 		return fmt.Errorf("dead letter: %w", err)
 	}
+	span.SetAttributes(semconv.MessagingMessageID(eventID(TenantID(tenant), ev.header.Get(HeaderIdempotencyKey))))
 	_, err = c.send(ctx, ev)
 	return err
 }

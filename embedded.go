@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // EmbeddedOptions configures an EmbeddedNATS. The zero value is a working broker in a
@@ -44,6 +45,9 @@ type EmbeddedOptions struct {
 	Logger *slog.Logger
 	// MeterProvider receives the per-tenant backlog and budget gauges. Default: none.
 	MeterProvider metric.MeterProvider
+	// TracerProvider makes the producer, consumer and replay spans (see the README's
+	// Tracing). Default: the global provider, otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 // EmbeddedNATS is a Broker over an in-process nats-server. It creates the topology of
@@ -197,7 +201,7 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	if err != nil {
 		return fmt.Errorf("embedded nats: jetstream: %w", err)
 	}
-	e.core = newNATSCore(e.topo, nc, e.js, e.log)
+	e.core = newNATSCore(e.topo, nc, e.js, e.log, newTracer(opts.TracerProvider))
 	e.core.settler = e.settler
 	return nil
 }
@@ -293,11 +297,12 @@ func (e *EmbeddedNATS) ClientURL() string {
 // Publish stores data on the tenant's partition once it fits the tenant's budget. The
 // bytes it reserves are given back on every way out that stored nothing, a panic
 // included.
-func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error {
+func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) (err error) {
 	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
 	if err != nil {
 		return err
 	}
+	defer func() { endSpan(ev.span, err) }()
 	p := e.partitionOf[ev.stream]
 	keyedID := ""
 	if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {

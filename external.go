@@ -138,7 +138,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 // resolveStreams finds each partition's stream and the dead-letter stream by subject:
 // the operator may name them anything.
 func (e *ExternalNATS) resolveStreams(ctx context.Context) error {
-	e.core = newNATSCore(e.topo, e.nc, e.js, e.log)
+	e.core = newNATSCore(e.topo, e.nc, e.js, e.log, newTracer(e.cfg.TracerProvider))
 	subs := e.topo.subjects()
 	for p := range e.topo.Partitions {
 		name, err := e.js.StreamNameBySubject(ctx, subs.ingest(p, "x"))
@@ -170,6 +170,7 @@ func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 		return err
 	}
 	_, err = e.core.send(ctx, ev)
+	endSpan(ev.span, err)
 	return err
 }
 

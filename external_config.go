@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // NATSConfig: what ExternalNATS connects with, how it is checked before dialing, and
@@ -49,6 +50,9 @@ type NATSConfig struct {
 	Logger *slog.Logger
 	// MeterProvider receives the gauges. Default: none.
 	MeterProvider metric.MeterProvider
+	// TracerProvider makes the producer, consumer and replay spans (see the README's
+	// Tracing). Default: the global provider, otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 
 	// recheckEvery and pollEvery override the watch loop's intervals in tests.
 	recheckEvery, pollEvery time.Duration

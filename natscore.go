@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // natsCore is the JetStream data path both NATS brokers share, over the topology of
@@ -24,6 +25,8 @@ type natsCore struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	log  *slog.Logger
+	// tracer makes the producer, consumer and replay spans (see tracing.go).
+	tracer trace.Tracer
 
 	// partitions[p] and deadLetters name the streams found for partition p and for
 	// dead letters: the topology's names in EmbeddedNATS, the operator's in ExternalNATS.
@@ -45,9 +48,9 @@ type natsCore struct {
 	parts map[*part]struct{}
 }
 
-func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) *natsCore {
+func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, tracer trace.Tracer) *natsCore {
 	c := &natsCore{
-		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log,
+		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log, tracer: tracer,
 		deadLetters:  topo.DeadLetterStream(),
 		settler:      func(m jetstream.Msg) Settler { return m },
 		lostTopology: func(string, error) {},

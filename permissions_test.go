@@ -60,7 +60,7 @@ func appCore(t *testing.T, f *natsFixture) *natsCore {
 	nc := f.connect(t, appUser)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog)
+	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog, newTracer(nil))
 }
 
 // TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull, ack

@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"go.opentelemetry.io/otel"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // What the server says when it refuses a publish, and what the broker reserves.
@@ -30,10 +32,13 @@ type outgoing struct {
 	subject, stream string
 	header          Headers
 	data            []byte
+	// span is the send's producer span, whose context header carries: the caller
+	// ends it with the send's outcome (endSpan).
+	span trace.Span
 }
 
 // prepare builds the headers of an event (base, then the options, then ctx's trace
-// context), gives it its message id and checks everything that can be checked before
+// context: the send's producer span, started by the caller), gives it its message id and checks everything that can be checked before
 // a send. The id is the caller's idempotency key scoped to tenant, so two tenants'
 // equal keys never collide on a stream they share (a collision is a Duplicate: the
 // second event is dropped while its caller is told it was stored); without a key the
@@ -214,10 +219,15 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
 	}
+	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), p)
 	ev, err := c.prepare(ctx, string(topic.Tenant), subject, c.partitions[p], nil, data, opts)
 	if err != nil {
-		return outgoing{}, fmt.Errorf("publish: %w", err)
+		err = fmt.Errorf("publish: %w", err)
+		endSpan(span, err)
+		return outgoing{}, err
 	}
+	span.SetAttributes(semconv.MessagingMessageID(eventID(topic.Tenant, ev.header.Get(HeaderIdempotencyKey))))
+	ev.span = span
 	return ev, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
 // Replay bounds, and the lifetime of the ephemeral consumers replay and the hub create.
@@ -36,7 +37,7 @@ const (
 // each wait for the next event: what fails for want of an answer is asked again
 // within that bound, and a server that stays silent is ErrUnavailable then, not at
 // the caller's deadline.
-func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
+func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) (err error) {
 	if ctx == nil {
 		return errNilContext("replay")
 	}
@@ -46,10 +47,19 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 	if send == nil {
 		return errors.New("replay: nil send")
 	}
-	subject, _, err := c.subs.ingestTopic(topic)
+	subject, p, err := c.subs.ingestTopic(topic)
 	if err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}
+	// One span per call; the messages sent carry it, so a handler's spans nest in it.
+	ctx, span := c.startReplay(ctx, p)
+	sent := 0
+	defer func() {
+		span.SetAttributes(semconv.MessagingBatchMessageCount(sent))
+		endSpan(span, err)
+	}()
+	each := send
+	send = func(m *Message) bool { sent++; return each(m) }
 	if err := ctx.Err(); err != nil {
 		return err
 	}

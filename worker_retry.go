@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // The worker's poison policy: a failed event is nak'ed with a delay that doubles with
@@ -19,12 +21,18 @@ const maxDeadErrorLen = 1024
 // run makes one attempt at e and reports whether its lane must wait for e to come
 // back: it failed and was nak'ed, or the handler nak'ed it.
 func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
+	// The attempt's consumer span covers the handler and a park; Message.Ctx carries
+	// it, still cancelled with the CreateConsumer ctx.
+	ctx, span := d.core.startProcess(d.ctx, e.msg, d.durable, e.part)
+	e.msg.Ctx = ctx
+	var err error
+	defer func() { endSpan(span, err) }()
 	// An event delivered beyond MaxDeliveries that never failed here (its handler
 	// returned without settling, the ack wait ran out, or a process died in it) is
 	// still handed to the handler: only a failure proves it poison, and a host that
 	// holds events for a batch must not find them parked. Message.Attempt tells the
 	// handler how often it came.
-	err := d.core.handle("worker", d.handler, e.msg)
+	err = d.core.handle("worker", d.handler, e.msg)
 	if err == nil {
 		return e.naked
 	}
@@ -35,7 +43,7 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 	case e.naked:
 		return true
 	case d.policy.maxDeliveries > 0 && e.attempt >= d.policy.maxDeliveries:
-		return d.giveUp(e, t)
+		return d.giveUp(ctx, e, t)
 	}
 	if err := e.m.NakWithDelay(d.retryDelay(e)); err != nil {
 		d.core.log.Warn("mq: cannot nak a failed event; the ack wait redelivers it",
@@ -61,8 +69,11 @@ func (d *dispatcher) retryDelay(e *entry) time.Duration {
 
 // giveUp parks e, with why, and acknowledges it. When the park fails the event
 // is nak'ed for the longest retry delay and tried again then, so nothing is lost.
-func (d *dispatcher) giveUp(e *entry, t *tries) (hold bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout*(publishRetries+1))
+func (d *dispatcher) giveUp(attempt context.Context, e *entry, t *tries) (hold bool) {
+	// The park's producer span is a child of the attempt's consumer span; the park
+	// itself is bounded on its own, not by the consumer's ctx.
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.Background(), trace.SpanFromContext(attempt)),
+		d.core.topo.PublishTimeout*(publishRetries+1))
 	defer cancel()
 	if err := d.core.deadLetter(ctx, e.msg, d.parkHeaders(e, t)); err != nil {
 		d.core.log.Error("mq: cannot park a poison event; it is retried", "stream", d.core.partitions[e.part],

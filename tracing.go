@@ -1,0 +1,148 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Tracing follows the OpenTelemetry messaging semantic conventions (semconv v1.43.0):
+// a producer span per Publish and DeadLetter, a consumer span per worker delivery,
+// one client span per ReplaySince. The hub makes none. Destinations are named by
+// their template, never by the subject: the subject holds the tenant id.
+
+// tracerName is the instrumentation scope of the broker's spans.
+const tracerName = "github.com/wavehouse/mq"
+
+// AttrDeliveryAttempt is the delivery's attempt number (Message.Attempt) on a
+// consumer span: the conventions name no NATS attribute for it.
+const AttrDeliveryAttempt = attribute.Key("mq.delivery.attempt")
+
+// natsSystem is messaging.system for NATS, which the conventions list no constant for.
+var natsSystem = semconv.MessagingSystemKey.String("nats")
+
+// Operation names of the broker's spans (messaging.operation.name).
+const (
+	opPublish    = "publish"
+	opDeadLetter = "dead_letter"
+	opProcess    = "process"
+	opReplay     = "replay"
+)
+
+// newTracer is the broker's tracer from tp, the global provider when tp is nil.
+func newTracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(tracerName)
+}
+
+// Destination templates: the subjects with their high-cardinality tokens named.
+func (s subjects) ingestTemplate() string { return s.prefix + ".ingest.{partition}.{tenant}.{table}" }
+func (s subjects) dlqTemplate() string    { return s.prefix + ".dlq.{tenant}.{table}" }
+
+func destination(template string) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		natsSystem,
+		semconv.MessagingDestinationName(template),
+		semconv.MessagingDestinationTemplate(template),
+	}
+}
+
+// startSend starts the producer span of one send to template; partition < 0 when the
+// destination has none. The context it returns is what the headers must carry.
+func (c *natsCore) startSend(ctx context.Context, op, template string, partition int) (context.Context, trace.Span) {
+	attrs := append(destination(template),
+		semconv.MessagingOperationTypeSend, semconv.MessagingOperationName(op))
+	if partition >= 0 {
+		attrs = append(attrs, semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)))
+	}
+	return c.tracer.Start(ctx, "send "+template,
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+}
+
+// startProcess starts the consumer span of one handler call on a worker delivery: its
+// parent is the producer's span carried by the headers, linked as well; the context
+// it returns keeps base's cancellation and values.
+func (c *natsCore) startProcess(base context.Context, msg *Message, durable string, partition int) (context.Context, trace.Span) {
+	producer := trace.SpanContextFromContext(otel.GetTextMapPropagator().Extract(context.Background(), headerCarrier(msg.Headers)))
+	template := c.subs.ingestTemplate()
+	attrs := append(destination(template),
+		semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName(opProcess),
+		semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)),
+		semconv.MessagingConsumerGroupName(durable),
+		AttrDeliveryAttempt.Int(msg.Attempt),
+	)
+	if msg.ID != "" {
+		attrs = append(attrs, semconv.MessagingMessageID(msg.ID))
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
+	parent := base
+	if producer.IsValid() {
+		parent = trace.ContextWithRemoteSpanContext(base, producer)
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+	}
+	_, span := c.tracer.Start(parent, "process "+template, opts...)
+	// The handler's ctx is base with the span: the producer's context is its parent
+	// only, so cancellation stays the consumer's.
+	return trace.ContextWithSpan(base, span), span
+}
+
+// startReplay starts the client span of one ReplaySince on partition's topics, read
+// from the history.
+func (c *natsCore) startReplay(ctx context.Context, partition int) (context.Context, trace.Span) {
+	template := c.subs.ingestTemplate()
+	attrs := append(destination(template),
+		semconv.MessagingOperationTypeReceive, semconv.MessagingOperationName(opReplay),
+		semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)),
+	)
+	return c.tracer.Start(ctx, "replay "+template,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
+// endSpan ends span with err as its status and error.type.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// errorType is error.type of err: the name of the package's sentinel it wraps, a
+// context error's, or "_OTHER". Always low-cardinality.
+func errorType(err error) string {
+	for _, s := range sentinels {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
+	return semconv.ErrorTypeOther.Value.AsString()
+}
+
+var sentinels = []struct {
+	err  error
+	name string
+}{
+	{ErrClosed, "mq.ErrClosed"},
+	{ErrQueueFull, "mq.ErrQueueFull"},
+	{ErrUnavailable, "mq.ErrUnavailable"},
+	{ErrPayloadTooLarge, "mq.ErrPayloadTooLarge"},
+	{ErrInvalidHeader, "mq.ErrInvalidHeader"},
+	{ErrInvalidTopic, "mq.ErrInvalidTopic"},
+	{ErrInvalidTenant, "mq.ErrInvalidTenant"},
+	{ErrTopology, "mq.ErrTopology"},
+	{ErrNoDeadLetterQueue, "mq.ErrNoDeadLetterQueue"},
+	{ErrConsumerNotFound, "mq.ErrConsumerNotFound"},
+	{ErrDeliveryEnded, "mq.ErrDeliveryEnded"},
+	{ErrInvalidConfig, "mq.ErrInvalidConfig"},
+	{errHandlerPanicked, "panic"},
+	{context.Canceled, "context.Canceled"},
+	{context.DeadlineExceeded, "context.DeadlineExceeded"},
+}
