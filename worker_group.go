@@ -244,7 +244,7 @@ func (g *group) rebalance() {
 			give = append(give, p)
 		}
 	}
-	var orphans []int
+	var orphans, unknown []int
 	for _, p := range want {
 		if g.owned[p] || g.moving[p] || heldBy[p] {
 			continue
@@ -253,10 +253,17 @@ func (g *group) rebalance() {
 			orphans = append(orphans, p)
 			continue
 		}
+		if !g.released[p] {
+			unknown = append(unknown, p)
+			continue
+		}
 		take = append(take, p)
 	}
-	for _, p := range append(append(give, take...), orphans...) {
+	for _, p := range append(append(append(give, take...), orphans...), unknown...) {
 		g.moving[p] = true
+	}
+	for _, p := range unknown {
+		g.wg.Go(func() { g.takeUnknown(p) })
 	}
 	since := maps.Clone(g.orphaned)
 	for _, p := range give {
@@ -308,6 +315,33 @@ func (g *group) unpinSilent(p int) {
 	if err != nil {
 		c.log.Debug("mq: cannot unpin a silent worker's partition; its pinned TTL frees it", "stream", c.partitions[p], "error", err)
 	}
+}
+
+// takeUnknown takes partition p, whose last holder this member never saw let it go (it
+// joined later, or the whole group restarted). A pin the server still keeps while no
+// live member holds p means a worker died holding it: the pin outlives it by the
+// pinned TTL. With events of it unsettled, p is then an orphan from now, taken once an
+// ack wait passed, so the dead worker's events come back ahead of their tenants' later
+// ones.
+func (g *group) takeUnknown(p int) {
+	c := g.d.core
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
+	defer cancel()
+	cons, err := c.js.Consumer(ctx, c.partitions[p], g.d.durable)
+	if err == nil && cons.CachedInfo().NumAckPending > 0 {
+		for _, pg := range cons.CachedInfo().PriorityGroups {
+			if pg.PinnedClientID != "" {
+				g.mu.Lock()
+				if _, ok := g.orphaned[p]; !ok {
+					g.orphaned[p] = time.Now()
+				}
+				delete(g.moving, p)
+				g.mu.Unlock()
+				return
+			}
+		}
+	}
+	g.takeUp(p)
 }
 
 func (g *group) takeUp(p int) {

@@ -90,14 +90,18 @@ func (l *groupLedger) firstCallAfter(partitionOf func(TenantID) int, p int, old 
 // orderViolations lists each call that started while an earlier event of its tenant
 // was still in a handler call anywhere, or that handled an earlier event after a
 // later one had already started.
-func (l *groupLedger) orderViolations() []string {
+func (l *groupLedger) orderViolations() (out []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	byTenant := map[TenantID][]groupCall{}
 	for _, c := range l.calls {
 		byTenant[c.tenant] = append(byTenant[c.tenant], c)
 	}
-	var out []string
+	defer func() {
+		if len(out) > 10 { // the first few say it; the rest repeat it
+			out = append(out[:10], fmt.Sprintf("... and %d more", len(out)-10))
+		}
+	}()
 	for tenant, calls := range byTenant {
 		sort.Slice(calls, func(i, j int) bool { return calls[i].start.Before(calls[j].start) })
 		for j, cj := range calls {
@@ -315,4 +319,67 @@ func TestExternalNATS_WorkersShareTheR3PartitionsOfAThreeNodeClusterAndKeepEachT
 	t.Parallel()
 	c := newClusterFixture(t, 3)
 	externalGroupScenario(t, &externalFixture{natsFixture: c.natsFixture, shape: c.applyShipped(t, 3, withGroupAckWait(t))})
+}
+
+// TestEmbeddedNATS_AWorkerThatJoinsAfterItsPredecessorDiedKeepsEachTenantsOrder: a
+// worker that never saw the dead one must still wait for what it held unsettled. The
+// durable's ack wait (25s) is longer than its pinned TTL (15s), so waiting only for the
+// pin would hand the new worker later events before the dead worker's came back.
+func TestEmbeddedNATS_AWorkerThatJoinsAfterItsPredecessorDiedKeepsEachTenantsOrder(t *testing.T) {
+	t.Parallel()
+	const ackWait = 25 * time.Second
+	e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.ListenAddr = "127.0.0.1:0" })
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	_, err := e.CreateConsumer(ctx, ConsumerConfig{AckWait: ackWait})
+	require.NoError(t, err)
+	var tenants []TenantID
+	for i := range 8 {
+		id := TenantID(fmt.Sprintf("tenant-%d", i))
+		require.NoError(t, e.SetMaxBytes(ctx, id, 64<<20))
+		tenants = append(tenants, id)
+	}
+	ledger := &groupLedger{acked: map[string]bool{}}
+	worker := func(name string) *ExternalNATS {
+		w, err := NewNATS(t.Context(), NATSConfig{NATSTopology: NATSTopology{AckWait: ackWait}, URLs: []string{e.ClientURL()},
+			TopologyWait: 10 * time.Second, Logger: quietLog})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = w.Close() })
+		cons, err := w.CreateConsumer(ctx, ConsumerConfig{AckWait: ackWait, MemberTimeout: groupMemberTimeout})
+		require.NoError(t, err)
+		stop, _, err := cons.Consume(ledger.handler(name), 0)
+		require.NoError(t, err)
+		t.Cleanup(stop)
+		return w
+	}
+	var published []string
+	publish := func(n int) {
+		for i := range n {
+			id := tenants[i%len(tenants)]
+			data := fmt.Sprintf("%s:%d", id, len(published)/len(tenants))
+			require.NoError(t, e.Publish(ctx, Topic{Tenant: id, Table: "t"}, []byte(data)))
+			published = append(published, data)
+		}
+	}
+	first := worker("first")
+	publish(400) // a backlog: the first worker dies holding some of it
+	require.Eventually(t, func() bool {
+		ledger.mu.Lock()
+		defer ledger.mu.Unlock()
+		return len(ledger.calls) >= 50
+	}, time.Minute, 10*time.Millisecond)
+	first.nc.Close() // killed: no hand-back, its pins stay until the pinned TTL
+	worker("second")
+	publish(400)
+	require.Eventually(t, func() bool {
+		ledger.mu.Lock()
+		defer ledger.mu.Unlock()
+		for _, d := range published {
+			if !ledger.acked[d] {
+				return false
+			}
+		}
+		return true
+	}, 2*time.Minute, 50*time.Millisecond, "not every event was acknowledged")
+	assert.Empty(t, ledger.orderViolations(), "each tenant's order across a death the new worker never saw")
 }
