@@ -87,6 +87,7 @@ type lane struct {
 	part    int
 	queue   []*entry // waiting for the handler, in sequence order
 	running *entry
+	again   *entry    // a delivery of running's event that came during its call
 	blocked *entry    // failed and nak'ed with a delay: its next delivery goes first
 	until   time.Time // when to stop waiting for blocked to come back
 	ready   bool      // on dispatcher.ready
@@ -202,7 +203,11 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		}
 		switch {
 		case l.running != nil && l.running.seq == e.seq:
-			return // the ack wait ran out under a long call; it comes back if that call fails
+			// Back while its call still runs: the call nak'ed it (a plain Nak comes
+			// back at once), or its ack wait ran out under a long call. Kept for
+			// when the call returns: it runs next if the call holds its lane.
+			l.again = e
+			return
 		case l.blocked != nil && l.blocked.seq == e.seq:
 			d.unblock(u, l)
 		case l.blocked == nil && u.waiting >= d.waitLimit():
@@ -316,10 +321,18 @@ func (d *dispatcher) runLanes() {
 		d.mu.Lock()
 		l.running = nil
 		u.running--
-		if hold {
+		again := l.again
+		l.again = nil
+		switch {
+		case hold && again != nil:
+			// Its next delivery already came: it goes first, nothing to wait for.
+			if l.insert(again) {
+				u.waiting++
+			}
+		case hold:
 			d.block(u, l, e)
 			l.until = time.Now().Add(d.retryDelay(e) + u.ackWait + d.core.topo.PublishTimeout)
-		} else if !e.acked && !e.naked {
+		case !e.acked && !e.naked:
 			u.returned[e.seq] = e
 		}
 		if e.acked {

@@ -215,6 +215,10 @@ func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
 			continue
 		}
 		held = append(held, l.queue...)
+		if l.again != nil {
+			held = append(held, l.again)
+			l.again = nil
+		}
 		if l.blocked != nil {
 			held = append(held, l.blocked)
 			delayed[l.blocked] = true
