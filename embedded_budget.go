@@ -256,14 +256,8 @@ func (e *EmbeddedNATS) storedEvent(subject string, h nats.Header, dataLen int) (
 	return ev, true
 }
 
-// settler releases the event's budget once the worker acknowledged it.
-func (e *EmbeddedNATS) settler(m jetstream.Msg) Settler {
-	ref := eventRef{partition: -1}
-	if meta, err := m.Metadata(); err == nil {
-		if p, ok := e.partitionOf[meta.Stream]; ok {
-			ref = eventRef{p, meta.Sequence.Stream}
-		}
-	}
+// settler releases the budget of the event at ref once the worker acknowledged it.
+func (e *EmbeddedNATS) settler(m jetstream.Msg, ref eventRef) Settler {
 	return budgetSettler{Msg: m, release: func() { e.budgets.release(ref) }}
 }
 

@@ -178,11 +178,14 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			u.pin.Store(&id)
 		}
 	}
-	e := &entry{m: m, settler: d.core.settler(m), part: u.p, ackWait: u.ackWait, extended: time.Now()}
+	e := &entry{m: m, part: u.p, ackWait: u.ackWait, extended: time.Now()}
 	var ts time.Time
+	ref := eventRef{partition: -1}
 	if meta, err := m.Metadata(); err == nil {
 		e.seq, e.attempt, ts = meta.Sequence.Stream, int(meta.NumDelivered), meta.Timestamp
+		ref = eventRef{u.p, e.seq}
 	}
+	e.settler = d.core.settler(m, ref)
 	e.msg = d.core.delivered(d.ctx, m, ts, e.attempt, e.seq, settlement{
 		Settler: e.settler, core: d.core, subject: m.Subject(),
 		observe: func(kind settled) { d.observe(u, e, kind) },
