@@ -224,12 +224,14 @@ type settled int
 const (
 	settledAck settled = iota
 	settledNak
+	settledFailed // an ack or nak the server never got: the ack wait brings the event back
 )
 
 // settlement is how a delivered message settles: through the broker's settler (which
 // may observe it, see natsCore.settler), its failures mapped as every other method's
 // are, so a message held past Close settles with ErrClosed rather than the client's
-// bare "connection closed". observe, when set, hears of every settle that succeeded.
+// bare "connection closed". observe, when set, hears of every ack and nak: the kind
+// made, or settledFailed when it could not be sent.
 type settlement struct {
 	Settler
 	core    *natsCore
@@ -252,7 +254,10 @@ func (s settlement) NakWithDelay(delay time.Duration) error {
 func (s settlement) InProgress() error { return s.failed("in progress", s.Settler.InProgress()) }
 
 func (s settlement) done(kind settled, what string, err error) error {
-	if err == nil && s.observe != nil {
+	if s.observe != nil {
+		if err != nil {
+			kind = settledFailed
+		}
 		s.observe(kind)
 	}
 	return s.failed(what, err)

@@ -103,6 +103,7 @@ type entry struct {
 	attempt  int
 	naked    bool      // the handler nak'ed it
 	acked    bool      // settled by an ack: by the handler or by a park
+	unsent   bool      // the handler's ack or nak failed: the ack wait redelivers it
 	extended time.Time // when keepAlive last extended its ack wait
 	ackWait  time.Duration
 }
@@ -361,6 +362,9 @@ func (d *dispatcher) observe(u *unit, e *entry, kind settled) {
 		delete(d.tries, eventRef{e.part, e.seq})
 	case settledNak:
 		e.naked = true
+	case settledFailed:
+		e.unsent = true
+		return // still the host's to settle, and Close's to hand back
 	}
 	if u.returned[e.seq] == e {
 		delete(u.returned, e.seq)

@@ -34,7 +34,9 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 	// handler how often it came.
 	err = d.core.handle("worker", d.handler, e.msg)
 	if err == nil {
-		return e.naked
+		// An ack that failed leaves the event to come back by the ack wait, perhaps at
+		// another worker: its tenant's next event must not start before it.
+		return e.naked || (e.unsent && !e.acked)
 	}
 	t.lastErr = err.Error()
 	switch {
