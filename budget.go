@@ -106,23 +106,40 @@ func eventSize(subject string, h Headers, dataLen int) int64 {
 // held keyed event, sent while the stream surely drops it, holds nothing: it cannot
 // be stored, so it succeeds even at a full budget.
 func (b *budgets) reserve(tenant TenantID, partition int, keyedID string, size int64, now time.Time) (*reservation, error) {
+	rs, err := b.reserveBatch(tenant, partition, []string{keyedID}, []int64{size}, now)
+	if err != nil {
+		return nil, err
+	}
+	return rs[0], nil
+}
+
+// reserveBatch reserves every event of one batch of tenant's, or none: sizes[i] and
+// keyedIDs[i] are the i-th event's. The batch fits when all its new bytes fit at once.
+func (b *budgets) reserveBatch(tenant TenantID, partition int, keyedIDs []string, sizes []int64, now time.Time) ([]*reservation, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	limit, ok := b.max[tenant]
 	if !ok {
 		return nil, fmt.Errorf("%w: tenant %s has no byte budget (SetMaxBytes opens it)", ErrQueueFull, tenant)
 	}
-	r := &reservation{tenant: tenant, partition: partition, keyedID: keyedID, size: size, charged: size, at: now}
-	if k, ok := b.keyed[keyedID]; ok && keyedID != "" && now.Before(k.stored.Add(b.surelyDropped)) {
-		r.charged = 0
-		return r, nil
+	rs := make([]*reservation, len(sizes))
+	var total int64
+	repeats := 0
+	for i, size := range sizes {
+		r := &reservation{tenant: tenant, partition: partition, keyedID: keyedIDs[i], size: size, charged: size, at: now}
+		if k, ok := b.keyed[r.keyedID]; ok && r.keyedID != "" && now.Before(k.stored.Add(b.surelyDropped)) {
+			r.charged = 0
+			repeats++
+		}
+		total += r.charged
+		rs[i] = r
 	}
-	if used := b.used[tenant]; used+size > limit.n {
+	if used := b.used[tenant]; repeats < len(rs) && used+total > limit.n {
 		return nil, fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
-			ErrQueueFull, tenant, used, size, limit.n)
+			ErrQueueFull, tenant, used, total, limit.n)
 	}
-	b.used[tenant] += size
-	return r, nil
+	b.used[tenant] += total
+	return rs, nil
 }
 
 // commit hands r to the event the stream stored it as, at seq.

@@ -528,3 +528,38 @@ func (e *EmbeddedNATS) Redrive(ctx context.Context, tenant TenantID, sel DeadLet
 func (e *EmbeddedNATS) DeleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
 	return e.core.deleteDeadLetters(ctx, tenant, sel)
 }
+
+// PublishBatch stores b's events on the tenant's partition (see [BatchPublisher]),
+// the tenant's budget reserved for the whole batch before anything is sent.
+func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
+	out, err := e.core.prepareBatch(ctx, b)
+	if err != nil || len(out.events) == 0 {
+		return err
+	}
+	defer func() { endSpan(out.span, err) }()
+	keyedIDs := make([]string, len(out.events))
+	sizes := make([]int64, len(out.events))
+	for i, ev := range out.events {
+		if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
+			keyedIDs[i] = id
+		}
+		sizes[i] = eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(ev.data))
+	}
+	rs, err := e.budgets.reserveBatch(b.Tenant, out.part, keyedIDs, sizes, time.Now())
+	if err != nil {
+		return fmt.Errorf("publish batch: %w", err)
+	}
+	results := e.core.sendBatch(ctx, out)
+	for i, r := range results {
+		switch {
+		case r.err != nil:
+			e.budgets.cancel(rs[i]) // unknown: a reopen counts what was stored
+		case r.dup:
+			e.budgets.cancel(rs[i])
+			e.adoptUncounted(ctx, eventRef{out.part, r.seq})
+		default:
+			e.budgets.commit(rs[i], r.seq)
+		}
+	}
+	return batchError(results)
+}

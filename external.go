@@ -174,6 +174,18 @@ func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	return err
 }
 
+// PublishBatch stores b's events on the tenant's partition, pipelined or as one
+// atomic batch (see [BatchPublisher]).
+func (e *ExternalNATS) PublishBatch(ctx context.Context, b Batch) error {
+	out, err := e.core.prepareBatch(ctx, b)
+	if err != nil || len(out.events) == 0 {
+		return err
+	}
+	err = batchError(e.core.sendBatch(ctx, out))
+	endSpan(out.span, err)
+	return err
+}
+
 // Subscribe runs the hub: an ordered, ack-less consumer on the history from now on.
 // The name only names the hub in Health and the log: every process needs every
 // event. A handler error is logged.

@@ -127,6 +127,7 @@ type nackStreamSpec struct {
 	Sealed            bool              `yaml:"sealed"`
 	DenyDelete        bool              `yaml:"denyDelete"`
 	DenyPurge         bool              `yaml:"denyPurge"`
+	AllowAtomic       bool              `yaml:"allowAtomicPublish,omitempty"`
 	Metadata          map[string]string `yaml:"metadata,omitempty"`
 	PreventDelete     bool              `yaml:"preventDelete"`
 }
@@ -177,6 +178,7 @@ func nackStreamResource(cfg jetstream.StreamConfig) nackResource[nackStreamSpec]
 		Sealed:            cfg.Sealed,
 		DenyDelete:        cfg.DenyDelete,
 		DenyPurge:         cfg.DenyPurge,
+		AllowAtomic:       cfg.AllowAtomicPublish,
 		Metadata:          cfg.Metadata,
 		PreventDelete:     true,
 	}

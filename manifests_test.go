@@ -225,6 +225,7 @@ func nackStream(t *testing.T, spec map[string]any) jetstream.StreamConfig {
 		MaxMsgsPerSubject: num(s, "maxMsgsPerSubject"), MaxMsgSize: int32(num(s, "maxMsgSize")),
 		MaxAge: dur(t, s, "maxAge"), Duplicates: dur(t, s, "duplicateWindow"), Replicas: int(num(s, "replicas")),
 		NoAck: flag(s, "noAck"), Sealed: flag(s, "sealed"), DenyDelete: flag(s, "denyDelete"), DenyPurge: flag(s, "denyPurge"),
+		AllowAtomicPublish:   flag(s, "allowAtomicPublish"),
 		DiscardNewPerSubject: flag(s, "discardPerSubject"),
 	}
 	for _, v := range asList(s["subjects"]) {

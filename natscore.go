@@ -42,6 +42,10 @@ type natsCore struct {
 	// by another stream.
 	lostTopology func(stream string, err error)
 
+	// async is the JetStream context of pipelined batches (asyncJS).
+	asyncOnce sync.Once
+	async     jetstream.JetStream
+
 	closed   atomic.Bool
 	mu       sync.Mutex
 	nextID   int

@@ -227,7 +227,7 @@ func (t NATSTopology) DeadLetterStream() string { return strings.ToUpper(t.Prefi
 
 // partitionConfig is partition p's stream: interest retention so an acknowledged event
 // leaves, discard new so a full partition pushes back, no max age so nothing unwritten
-// expires, and purge and delete denied.
+// expires, purge and delete denied, and atomic batches allowed (Batch.Atomic).
 func (t NATSTopology) partitionConfig(p int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:                 t.PartitionStream(p),
@@ -245,6 +245,7 @@ func (t NATSTopology) partitionConfig(p int) jetstream.StreamConfig {
 		Duplicates:           t.DuplicateWindow,
 		DenyPurge:            true,
 		DenyDelete:           true,
+		AllowAtomicPublish:   true,
 		Metadata: map[string]string{
 			metaPartition:  strconv.Itoa(p),
 			metaPartitions: strconv.Itoa(t.Partitions),

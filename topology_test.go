@@ -362,6 +362,7 @@ func TestNATSTopologyPartitionConfig_IsAnInterestPartitionThatPushesBack(t *test
 			Duplicates:           3 * time.Minute,
 			DenyPurge:            true,
 			DenyDelete:           true,
+			AllowAtomicPublish:   true,
 			Metadata: map[string]string{
 				"wavehouse.dev/partition":  string(rune('0' + p)),
 				"wavehouse.dev/partitions": "8",

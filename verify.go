@@ -327,6 +327,9 @@ func (v *verifier) checkPartition(p int, cfg jetstream.StreamConfig) {
 	if !cfg.DenyPurge || !cfg.DenyDelete {
 		v.add(Recommended, obj, "deny_purge", "set deny_purge and deny_delete, so unwritten events cannot be removed by hand")
 	}
+	if !cfg.AllowAtomicPublish {
+		v.add(Recommended, obj, "allow_atomic", "is not set: atomic batches (Batch.Atomic) are refused with ErrTopology; pipelined batches work")
+	}
 	if cfg.Replicas < 3 {
 		v.add(Recommended, obj, "num_replicas", "is %d: use 3 so a node loss keeps every acknowledged event", cfg.Replicas)
 	}

@@ -1,0 +1,277 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// A batch goes one of two ways (measured in BenchmarkPublishBatch, see the README's
+// Throughput):
+//   - pipelined: every event is sent at once with PublishAsync and its own message id,
+//     then every confirmation is awaited. Each event is stored on its own.
+//   - atomic: JetStream's atomic batch publish (ADR-50, nats-server 2.12 and later)
+//     through orbit.go's jetstreamext, on partitions with allow_atomic set. The server
+//     stores every event of the batch or none.
+//
+// JetStream's fast-ingest batch (allow_batched, 2.14 and later) was measured against
+// the pipelined form and not chosen: see the README's Throughput.
+
+// maxAtomicBatch is nats-server's default limit on the events of one atomic batch
+// (streamDefaultMaxAtomicBatchSize). A server configured lower refuses a batch
+// above its limit with JSAtomicPublishTooLargeBatchErrF, mapped the same way.
+const maxAtomicBatch = 1000
+
+// The server's error codes for an atomic batch.
+const (
+	jsErrAtomicDisabled   = 10174 // the stream has no allow_atomic
+	jsErrAtomicIncomplete = 10176 // a message of the batch never arrived
+	jsErrAtomicTooLarge   = 10199
+	jsErrAtomicDuplicate  = 10201 // a message id of the batch is already stored
+)
+
+// outBatch is a batch ready to send: its events for the tenant's partition, and the
+// batch's producer span, whose context every event's headers carry.
+type outBatch struct {
+	part   int
+	atomic bool
+	events []outgoing
+	span   trace.Span
+}
+
+// stored is what the stream said about one event of a batch.
+type stored struct {
+	seq uint64
+	dup bool // already stored before (its message id was known)
+	err error
+}
+
+// prepareBatch checks every event of b and builds it; nothing is sent. An empty
+// batch gives no events and no span.
+func (c *natsCore) prepareBatch(ctx context.Context, b Batch) (outBatch, error) {
+	if err := c.checkOpen(); err != nil {
+		return outBatch{}, err
+	}
+	if ctx == nil {
+		return outBatch{}, errNilContext("publish batch")
+	}
+	if len(b.Events) == 0 {
+		return outBatch{}, nil
+	}
+	if err := b.Tenant.Validate(); err != nil {
+		return outBatch{}, fmt.Errorf("publish batch: %w: tenant: %w", ErrInvalidTopic, err)
+	}
+	if b.Atomic && len(b.Events) > maxAtomicBatch {
+		return outBatch{}, fmt.Errorf("%w: publish batch: %d events, an atomic batch holds at most %d",
+			ErrPayloadTooLarge, len(b.Events), maxAtomicBatch)
+	}
+	part := Partition(b.Tenant, c.topo.Partitions)
+	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), part)
+	span.SetAttributes(semconv.MessagingBatchMessageCount(len(b.Events)))
+	out := outBatch{part: part, atomic: b.Atomic, events: make([]outgoing, len(b.Events)), span: span}
+	for i, e := range b.Events {
+		subject, _, err := c.subs.ingestTopic(Topic{Tenant: b.Tenant, Table: e.Table, Scope: e.Scope})
+		if err == nil {
+			out.events[i], err = c.prepare(ctx, string(b.Tenant), subject, c.partitions[part], nil, e.Data, e.Options)
+		}
+		if err != nil {
+			err = fmt.Errorf("publish batch: event %d: %w", i, err)
+			endSpan(span, err)
+			return outBatch{}, err
+		}
+	}
+	return out, nil
+}
+
+// sendBatch sends b and reports each event's outcome, in b's order.
+func (c *natsCore) sendBatch(ctx context.Context, b outBatch) []stored {
+	if b.atomic {
+		results, fallBack := c.sendAtomic(ctx, b)
+		if !fallBack {
+			return results
+		}
+		// A message id of the batch is already stored: an earlier attempt (ours, or
+		// the caller's retry) stored the batch, or a key was reused. Event by event,
+		// each stored one is found a duplicate and the rest is stored.
+	}
+	return c.sendPipelined(ctx, b.events)
+}
+
+// sendAtomic sends b as one atomic batch. Its events are stored one after another,
+// so the last one's sequence gives every sequence. A lost answer sends the batch
+// again, with a new batch id and the same message ids; fallBack reports that the
+// server refused the batch for a message id it already stores.
+func (c *natsCore) sendAtomic(ctx context.Context, b outBatch) (results []stored, fallBack bool) {
+	fail := func(err error) []stored {
+		results := make([]stored, len(b.events))
+		for i := range results {
+			results[i].err = err
+		}
+		return results
+	}
+	var lastErr error
+	for attempt := 0; attempt <= publishRetries; attempt++ {
+		if attempt > 0 {
+			if err := sleepCtx(ctx, publishRetryWait); err != nil {
+				return fail(fmt.Errorf("publish batch: %w (after %v)", err, lastErr)), false
+			}
+		}
+		msgs := make([]*nats.Msg, len(b.events))
+		for i, ev := range b.events {
+			h := nats.Header(cloneHeaders(ev.header))
+			h.Set(jetstream.MsgIDHeader, ev.header.Get(HeaderIdempotencyKey))
+			h.Set(jetstream.ExpectedStreamHeader, ev.stream)
+			msgs[i] = &nats.Msg{Subject: ev.subject, Data: ev.data, Header: h}
+		}
+		actx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
+		ack, err := jetstreamext.PublishMsgBatch(actx, c.js, msgs,
+			jetstreamext.BatchFlowControl{AckFirst: true, AckTimeout: c.topo.PublishTimeout})
+		cancel()
+		if err == nil {
+			results := make([]stored, len(b.events))
+			first := ack.Sequence - uint64(len(b.events)) + 1
+			for i := range results {
+				results[i].seq = first + uint64(i)
+			}
+			return results, false
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return fail(fmt.Errorf("publish batch: %w", ctxErr)), false
+		}
+		var apiErr *jetstream.APIError
+		code := 0
+		if errors.As(err, &apiErr) {
+			code = int(apiErr.ErrorCode)
+		}
+		if code == jsErrAtomicDuplicate {
+			return nil, true
+		}
+		lastErr = err
+		if retry := noAnswer(err) || code == jsErrAtomicIncomplete; !retry || c.nc.IsClosed() {
+			break
+		}
+	}
+	return fail(c.mapBatchError(b, lastErr)), false
+}
+
+// mapBatchError maps an atomic batch's failure as mapPublishError maps one event's,
+// plus what only a batch is refused for.
+func (c *natsCore) mapBatchError(b outBatch, err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsErrAtomicDisabled:
+			c.lostTopology(b.events[0].stream, err)
+			return fmt.Errorf("%w: stream %s does not allow atomic batches (allow_atomic): %w", ErrTopology, b.events[0].stream, err)
+		case jsErrAtomicTooLarge:
+			return fmt.Errorf("%w: stream %s refused an atomic batch of %d events: %w", ErrPayloadTooLarge, b.events[0].stream, len(b.events), err)
+		}
+	}
+	return c.mapPublishError(b.events[0], err)
+}
+
+// sendPipelined sends every event at once and awaits each confirmation, bounded by
+// PublishTimeout after the last send. The events whose answer was lost are sent
+// again with their message ids, at most publishRetries times, so each is stored once.
+func (c *natsCore) sendPipelined(ctx context.Context, events []outgoing) []stored {
+	results := make([]stored, len(events))
+	todo := make([]int, len(events))
+	for i := range todo {
+		todo[i] = i
+	}
+	for attempt := 0; len(todo) > 0; attempt++ {
+		if attempt > 0 {
+			if err := sleepCtx(ctx, publishRetryWait); err != nil {
+				for _, i := range todo {
+					results[i].err = fmt.Errorf("publish %s: %w (after %v)", events[i].subject, err, results[i].err)
+				}
+				return results
+			}
+		}
+		futures := make([]jetstream.PubAckFuture, len(todo))
+		for k, i := range todo {
+			ev := events[i]
+			msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
+			futures[k], results[i].err = c.asyncJS().PublishMsgAsync(msg, jetstream.WithMsgID(ev.header.Get(HeaderIdempotencyKey)),
+				jetstream.WithExpectStream(ev.stream), jetstream.WithStallWait(c.topo.PublishTimeout))
+		}
+		timeout := time.NewTimer(c.topo.PublishTimeout)
+		var again []int
+		for k, i := range todo {
+			if f := futures[k]; f != nil {
+				results[i].seq, results[i].dup, results[i].err = await(ctx, f, timeout.C)
+			}
+			switch err := results[i].err; {
+			case err == nil:
+			case ctx.Err() != nil:
+				results[i].err = fmt.Errorf("publish %s: %w", events[i].subject, ctx.Err())
+			case noAnswer(err) && !c.nc.IsClosed() && attempt < publishRetries:
+				again = append(again, i)
+			default:
+				results[i].err = c.mapPublishError(events[i], err)
+			}
+		}
+		timeout.Stop()
+		todo = again
+	}
+	return results
+}
+
+// asyncJS is the JetStream context of pipelined batches. Its own, because its
+// window and its timeout apply to every async publish made through it: a future whose
+// answer never comes is dropped after PublishTimeout instead of holding the window.
+func (c *natsCore) asyncJS() jetstream.JetStream {
+	c.asyncOnce.Do(func() {
+		js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(asyncWindow),
+			jetstream.WithPublishAsyncTimeout(c.topo.PublishTimeout))
+		if err != nil { // only for options it refuses, which these are not
+			js = c.js
+		}
+		c.async = js
+	})
+	return c.async
+}
+
+// asyncWindow bounds the events a process has sent in pipelined batches and not yet
+// seen confirmed; a batch larger than the room left waits for room.
+const asyncWindow = 4096
+
+// await waits for f's answer, for ctx, or for timeout, whichever comes first. A
+// timeout reads as a lost answer, nats.ErrTimeout.
+func await(ctx context.Context, f jetstream.PubAckFuture, timeout <-chan time.Time) (seq uint64, dup bool, err error) {
+	select {
+	case ack := <-f.Ok():
+		return ack.Sequence, ack.Duplicate, nil
+	case err := <-f.Err():
+		return 0, false, err
+	case <-ctx.Done():
+		return 0, false, ctx.Err()
+	case <-timeout:
+		return 0, false, nats.ErrTimeout
+	}
+}
+
+// batchError is the *BatchError of results, or nil when every event is stored.
+func batchError(results []stored) error {
+	var be *BatchError
+	for i, r := range results {
+		if r.err == nil {
+			continue
+		}
+		if be == nil {
+			be = &BatchError{Err: r.err}
+		}
+		be.Failed = append(be.Failed, i)
+	}
+	if be == nil {
+		return nil
+	}
+	return be
+}
