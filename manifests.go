@@ -17,8 +17,8 @@ import (
 const nackAPIVersion = "jetstream.nats.io/v1beta2"
 
 // WriteNATSManifests writes the topology as one multi-document YAML stream of NACK
-// Stream and Consumer resources: for each partition its stream and durable, then the
-// history and the dead-letter stream. Every field the verifier checks is written out,
+// resources: the Account NACK connects with, then for each partition its stream and
+// durable, then the history and the dead-letter stream, each naming the Account. Every field the verifier checks is written out,
 // because NACK's defaults differ from JetStream's (memory storage, a 1 ns ack wait).
 func WriteNATSManifests(w io.Writer, topo NATSTopology) error {
 	topo = topo.WithDefaults()
@@ -29,6 +29,9 @@ func WriteNATSManifests(w io.Writer, topo NATSTopology) error {
 	buf.WriteString(manifestHeader(topo))
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
+	if err := enc.Encode(nackAccountResource()); err != nil {
+		return err
+	}
 	for p := range topo.Partitions {
 		cfg := topo.partitionConfig(p)
 		if err := enc.Encode(nackStreamResource(cfg)); err != nil {
@@ -82,6 +85,15 @@ func manifestHeader(topo NATSTopology) string {
 		fmt.Sprintf("pinnedTtl %s), so workers sharing the partitions never interleave a tenant's events. A durable", formatDuration(topo.PinnedTTL)),
 		"created without it by an earlier version is updated in place when this is applied: the server",
 		"keeps its ack floor and unacknowledged events.",
+		fmt.Sprintf("NACK connects through the Account %s, which every resource names (account:), to", nackAccount),
+		fmt.Sprintf("%s as the chart's user nack (values.yaml), reading its name and password from", nackServers),
+		fmt.Sprintf("the Secret %s, keys %s and %s (beside wavehouse, which values.yaml reads):", nackUsersSecret, nackUserKey, nackPasswordKey),
+		fmt.Sprintf("  kubectl create secret generic %s --from-literal=%s=nack --from-literal=%s=... --from-literal=wavehouse=...",
+			nackUsersSecret, nackUserKey, nackPasswordKey),
+		"Without the Account, NACK's own connection takes only creds, an nkey or TLS: not this password user.",
+		fmt.Sprintf("The history's io.nats.monitor.* metadata makes `nats server check stream --stream %s`", topo.HistoryStream),
+		fmt.Sprintf("alert when it has other than %d sources, or one is %d events behind or silent for %s.", topo.Partitions,
+			historyLagCritical, historySeenCritical),
 		"Nothing here is redundant; every field below is checked by the mq verifier at boot:",
 		"  maxAge: 0s on a partition: NACK's default for a missing maxAge is one year, and an unwritten",
 		"    event must never expire;",
@@ -94,6 +106,36 @@ func manifestHeader(topo NATSTopology) string {
 		b.WriteString("# " + l + "\n")
 	}
 	return b.String()
+}
+
+// The Account the resources name: NACK connects as the Helm values' nack user, whose
+// name and password the Secret holds (NACK's Account reads a user's name and password
+// from the keys it is given).
+const (
+	nackAccount     = "wavehouse"
+	nackServers     = "nats://nats:4222" // the chart's client Service, release "nats"
+	nackUsersSecret = "nats-users"
+	nackUserKey     = "nack-user"
+	nackPasswordKey = "nack"
+)
+
+// nackAccountSpec holds the Account fields the manifests write.
+type nackAccountSpec struct {
+	Name    string          `yaml:"name"`
+	Servers []string        `yaml:"servers"`
+	User    nackAccountUser `yaml:"user"`
+}
+
+type nackAccountUser struct {
+	Secret   nackMeta `yaml:"secret"`
+	User     string   `yaml:"user"`
+	Password string   `yaml:"password"`
+}
+
+func nackAccountResource() nackResource[nackAccountSpec] {
+	return nackResource[nackAccountSpec]{APIVersion: nackAPIVersion, Kind: "Account", Metadata: nackMeta{nackAccount},
+		Spec: nackAccountSpec{Name: nackAccount, Servers: []string{nackServers},
+			User: nackAccountUser{Secret: nackMeta{nackUsersSecret}, User: nackUserKey, Password: nackPasswordKey}}}
 }
 
 type nackMeta struct {
@@ -109,6 +151,7 @@ type nackResource[S any] struct {
 
 // nackStreamSpec holds the Stream fields the manifests write, named as in NACK's CRD.
 type nackStreamSpec struct {
+	Account           string            `yaml:"account"`
 	Name              string            `yaml:"name"`
 	Subjects          []string          `yaml:"subjects,omitempty"`
 	Sources           []nackSource      `yaml:"sources,omitempty"`
@@ -139,6 +182,7 @@ type nackSource struct {
 
 // nackConsumerSpec holds the Consumer fields the manifests write.
 type nackConsumerSpec struct {
+	Account           string   `yaml:"account"`
 	StreamName        string   `yaml:"streamName"`
 	DurableName       string   `yaml:"durableName"`
 	DeliverPolicy     string   `yaml:"deliverPolicy"`
@@ -162,6 +206,7 @@ func crName(name string) string { return strings.ReplaceAll(strings.ToLower(name
 
 func nackStreamResource(cfg jetstream.StreamConfig) nackResource[nackStreamSpec] {
 	spec := nackStreamSpec{
+		Account:           nackAccount,
 		Name:              cfg.Name,
 		Subjects:          cfg.Subjects,
 		Retention:         retentionName(cfg.Retention),
@@ -193,6 +238,7 @@ func nackStreamResource(cfg jetstream.StreamConfig) nackResource[nackStreamSpec]
 
 func nackConsumerResource(stream string, cfg jetstream.ConsumerConfig) nackResource[nackConsumerSpec] {
 	spec := nackConsumerSpec{
+		Account:         nackAccount,
 		StreamName:      stream,
 		DurableName:     cfg.Durable,
 		DeliverPolicy:   deliverPolicyName(cfg.DeliverPolicy),

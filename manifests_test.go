@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -103,86 +102,43 @@ func parseManifests(t *testing.T, data []byte) []manifestDoc {
 	}
 }
 
-// crdSpecFields reads the spec properties NACK's CRD accepts for kind, from the
-// upstream schema kept beside the repository for reading.
-func crdSpecFields(t *testing.T, kind string) map[string]any {
-	t.Helper()
-	path := filepath.Join("..", "shared", "design", "reference", "upstream", "nack-crds.yml")
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		t.Skipf("NACK's CRD schema is not beside the repository (%s)", path)
-	}
-	require.NoError(t, err)
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	for {
-		var crd struct {
-			Spec struct {
-				Names    struct{ Kind string } `yaml:"names"`
-				Versions []struct {
-					Name   string `yaml:"name"`
-					Schema struct {
-						OpenAPIV3Schema struct {
-							Properties struct {
-								Spec struct {
-									Properties map[string]any `yaml:"properties"`
-								} `yaml:"spec"`
-							} `yaml:"properties"`
-						} `yaml:"openAPIV3Schema"`
-					} `yaml:"schema"`
-				} `yaml:"versions"`
-			} `yaml:"spec"`
-		}
-		if err := dec.Decode(&crd); errors.Is(err, io.EOF) {
-			break
-		} else {
-			require.NoError(t, err)
-		}
-		if crd.Spec.Names.Kind != kind {
-			continue
-		}
-		for _, v := range crd.Spec.Versions {
-			if v.Name == "v1beta2" {
-				return v.Schema.OpenAPIV3Schema.Properties.Spec.Properties
-			}
-		}
-	}
-	t.Fatalf("no v1beta2 %s in the CRD schema", kind)
-	return nil
-}
-
 // TestWriteNATSManifests_WritesOnlyFieldsNACKsSchemaAccepts: Kubernetes silently drops
-// a field the CRD does not know, so every field written must be in it.
+// a field the CRD does not know, and refuses a wrong type or enum value, so every field
+// written must be in NACK's schema (testdata/nack-schema.json) as written.
 func TestWriteNATSManifests_WritesOnlyFieldsNACKsSchemaAccepts(t *testing.T) {
-	schemas := map[string]map[string]any{"Stream": crdSpecFields(t, "Stream"), "Consumer": crdSpecFields(t, "Consumer")}
+	schema := loadNACKSchema(t)
 	kinds := map[string]int{}
 	for _, d := range parseManifests(t, generate(t, shippedTopology)) {
 		kinds[d.Kind]++
-		schema, ok := schemas[d.Kind]
+		fields, ok := schema[d.Kind]
 		require.True(t, ok, "kind %s", d.Kind)
-		checkFieldsIn(t, d.Kind, d.Spec, schema)
+		assert.Empty(t, specProblems(d.Kind, d.Spec, fields))
 	}
-	assert.Equal(t, map[string]int{"Stream": 6, "Consumer": 4}, kinds)
+	assert.Equal(t, map[string]int{"Account": 1, "Stream": 6, "Consumer": 4}, kinds)
 }
 
-func checkFieldsIn(t *testing.T, path string, spec map[string]any, schema map[string]any) {
-	for field, value := range spec {
-		prop, ok := schema[field].(map[string]any)
-		if !assert.True(t, ok, "%s.%s is not in NACK's schema", path, field) {
+// TestWriteNATSManifests_EveryResourceNamesTheAccountNACKConnectsWith: without account:
+// NACK uses its own connection, which cannot log in as the shipped password user.
+func TestWriteNATSManifests_EveryResourceNamesTheAccountNACKConnectsWith(t *testing.T) {
+	var account map[string]any
+	for _, d := range parseManifests(t, generate(t, shippedTopology)) {
+		if d.Kind == "Account" {
+			account = d.Spec
 			continue
 		}
-		if enum, ok := prop["enum"].([]any); ok {
-			assert.Contains(t, enum, value, "%s.%s: %v is not one of NACK's values", path, field, value)
-		}
-		if items, ok := value.([]any); ok {
-			itemSchema, _ := prop["items"].(map[string]any)
-			props, _ := itemSchema["properties"].(map[string]any)
-			for _, item := range items {
-				if m, ok := item.(map[string]any); ok {
-					checkFieldsIn(t, path+"."+field, m, props)
-				}
-			}
-		}
+		assert.Equal(t, nackAccount, d.Spec["account"], "%s %v", d.Kind, d.Spec["name"])
 	}
+	require.NotNil(t, account)
+	assert.Equal(t, nackAccount, account["name"])
+	user, _ := account["user"].(map[string]any)
+	secret, _ := user["secret"].(map[string]any)
+	assert.Equal(t, nackUsersSecret, secret["name"])
+	values, err := os.ReadFile("deployments/nats/values.yaml")
+	require.NoError(t, err)
+	assert.Contains(t, string(values), "- user: nack\n", "the Account logs in as values.yaml's nack user")
+	assert.Contains(t, string(values), "name: "+nackUsersSecret+"\n          key: "+nackPasswordKey+"\n",
+		"values.yaml reads nack's password from the key the Account reads")
+	assert.Contains(t, string(values), "--from-literal="+nackUserKey+"=nack", "values.yaml tells how to create the Secret with the user's name")
 }
 
 // nackDefaults are the CRD defaults NACK applies to a field a manifest leaves out:
@@ -291,6 +247,7 @@ func shapeFromManifests(t *testing.T, topo NATSTopology, data []byte) *shape {
 		case "Consumer":
 			stream, cfg := nackConsumer(t, d.Spec)
 			s.consumers[stream] = append(s.consumers[stream], cfg)
+		case "Account": // how NACK connects: nothing on the server
 		default:
 			t.Fatalf("unexpected kind %s", d.Kind)
 		}

@@ -277,7 +277,7 @@ func (t NATSTopology) ingestConsumerConfig(p int) jetstream.ConsumerConfig {
 
 // historyConfig is the history: no subjects of its own, a source per partition, and
 // limits retention with discard old, so a full history never holds rows on the
-// partitions.
+// partitions; its metadata sets the alerts of `nats server check stream`.
 func (t NATSTopology) historyConfig() jetstream.StreamConfig {
 	sources := make([]*jetstream.StreamSource, t.Partitions)
 	for p := range sources {
@@ -294,6 +294,7 @@ func (t NATSTopology) historyConfig() jetstream.StreamConfig {
 		MaxMsgSize: -1,
 		Storage:    jetstream.FileStorage,
 		Replicas:   t.Replicas,
+		Metadata:   t.historyMonitorMetadata(),
 	}
 }
 

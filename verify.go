@@ -536,6 +536,7 @@ func (v *verifier) checkHistory(ctx context.Context) error {
 	if cfg.MaxBytes <= 0 {
 		v.add(Recommended, obj, "max_bytes", "is unlimited: bound the history's disk")
 	}
+	v.checkHistoryMonitor(obj, cfg.Metadata)
 	return nil
 }
 

@@ -31,7 +31,10 @@ import (
 
 // beat is one member's heartbeat.
 type beat struct {
-	ID      string `json:"id"`
+	ID string `json:"id"`
+	// Name is the connection's name, so an operator's status view (mqctl status)
+	// shows the host, not only the id.
+	Name    string `json:"name,omitempty"`
 	Owned   []int  `json:"owned,omitempty"`
 	Claim   []int  `json:"claim,omitempty"` // a static claim: never spread to others
 	Leaving bool   `json:"leaving,omitempty"`
@@ -164,7 +167,7 @@ func (g *group) hear(m *nats.Msg) {
 // send publishes this member's heartbeat.
 func (g *group) send(leaving bool) {
 	g.mu.Lock()
-	b := beat{ID: g.self, Leaving: leaving, Claim: g.d.policy.claim}
+	b := beat{ID: g.self, Name: g.d.core.nc.Opts.Name, Leaving: leaving, Claim: g.d.policy.claim}
 	for p := range g.owned {
 		b.Owned = append(b.Owned, p)
 	}

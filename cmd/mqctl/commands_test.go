@@ -6,8 +6,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-
-	"github.com/wavehouse/mq"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -37,12 +35,7 @@ func TestPermissionsPrintsTheApplicationUsersBlock(t *testing.T) {
 // broker listening on loopback: its own topology passes with the one-replica
 // recommendations, and a process configured for more partitions than exist fails.
 func TestCheckPrintsEveryFindingAndFailsOnARequiredOne(t *testing.T) {
-	e, err := mq.NewEmbedded(t.Context(), mq.EmbeddedOptions{StoreDir: t.TempDir(), ListenAddr: "127.0.0.1:0", NoSync: true,
-		Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := openEmbedded(t)
 	code, stdout, stderr := runArgs(t, "check", "-url", e.ClientURL())
 	if code != 0 || !strings.Contains(stdout, "4 findings, 0 required") || !strings.Contains(stdout, "num_replicas") {
 		t.Fatalf("check: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)

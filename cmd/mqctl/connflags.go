@@ -1,0 +1,58 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/wavehouse/mq"
+)
+
+// natsFlags are the flags of every command that talks to an operator's cluster: the
+// servers, the credentials (file paths only, as NATSConfig takes them) and the
+// topology the application runs.
+type natsFlags struct {
+	cfg  mq.NATSConfig
+	urls string
+}
+
+// addNATSFlags registers the connection and topology flags on fs.
+func addNATSFlags(fs *flag.FlagSet) *natsFlags {
+	f := &natsFlags{}
+	cfg := &f.cfg
+	fs.StringVar(&f.urls, "url", "", "server URLs, comma-separated, without credentials (required)")
+	fs.StringVar(&cfg.User, "user", "", "user name (with -password-file)")
+	fs.StringVar(&cfg.PasswordFile, "password-file", "", "file holding the user's password")
+	fs.StringVar(&cfg.NKeySeedFile, "nkey-seed-file", "", "file holding an nkey seed")
+	fs.StringVar(&cfg.CredsFile, "creds-file", "", "user credentials file (JWT and seed)")
+	fs.StringVar(&cfg.TLS.CAFile, "tls-ca", "", "CA certificate file to trust")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "client certificate file (mutual TLS, with -tls-key)")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "client key file")
+	fs.StringVar(&cfg.TLS.ServerName, "tls-server-name", "", "server name to verify")
+	fs.StringVar(&cfg.Prefix, "prefix", "wh", "subject prefix")
+	fs.IntVar(&cfg.Partitions, "partitions", 4, "ingest partitions the application runs")
+	fs.StringVar(&cfg.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
+	fs.StringVar(&cfg.IngestConsumer, "ingest-consumer", "", "the ingest durable (default INGEST)")
+	fs.StringVar(&cfg.IngestGroup, "ingest-group", "", "the priority group the workers pull the durable in (default ingest)")
+	fs.DurationVar(&cfg.TopologyWait, "wait", 10*time.Second, "how long to wait for the connection")
+	return f
+}
+
+// config returns the NATSConfig the flags give, or, when -url is missing, says so
+// with fs's usage and returns ok false (a usage error). The broker's own logs are
+// discarded: a command prints what it found itself.
+func (f *natsFlags) config(fs *flag.FlagSet) (cfg mq.NATSConfig, ok bool) {
+	if f.urls == "" {
+		fmt.Fprintf(fs.Output(), "%s: -url is required\n", fs.Name())
+		fs.Usage()
+		return mq.NATSConfig{}, false
+	}
+	cfg = f.cfg
+	cfg.URLs = strings.Split(f.urls, ",")
+	cfg.Name = "mqctl"
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return cfg, true
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/wavehouse/mq"
+)
+
+func init() {
+	register(command{
+		name:    "dlq",
+		summary: "list, redrive or remove a tenant's parked events on a live cluster",
+		usage: "ls|redrive|rm -url nats://host:4222[,...] -tenant T [-table name | -id 3,5 | -all] [auth flags] [topology flags]\n\n" +
+			"  ls       a page of the tenant's parked events, oldest first (-limit, -cursor, -headers)\n" +
+			"  redrive  publish the selected events to ingest again, removing each once stored\n" +
+			"  rm       remove the selected events (-all needs -yes)",
+		run: runDLQ,
+	})
+}
+
+// dlqFlags are the flags of the dlq subcommands.
+type dlqFlags struct {
+	nats    *natsFlags
+	tenant  string
+	table   string
+	ids     string
+	all     bool
+	yes     bool
+	limit   int
+	cursor  string
+	headers bool
+}
+
+func runDLQ(ctx context.Context, e *env, args []string) int {
+	c := commands["dlq"]
+	fs := c.flags(e)
+	var f dlqFlags
+	f.nats = addNATSFlags(fs)
+	fs.StringVar(&f.tenant, "tenant", "", "the tenant whose parked events to act on (required)")
+	fs.StringVar(&f.table, "table", "", "only this table's parked events, every scope of it")
+	fs.StringVar(&f.ids, "id", "", "redrive/rm: only these ids, comma-separated, as ls prints them")
+	fs.BoolVar(&f.all, "all", false, "redrive/rm: every parked event of the tenant")
+	fs.BoolVar(&f.yes, "yes", false, "rm: confirm removing every parked event of the tenant (with -all)")
+	fs.IntVar(&f.limit, "limit", 100, "ls: the page's size")
+	fs.StringVar(&f.cursor, "cursor", "", "ls: where the page starts, as the previous page printed it")
+	fs.BoolVar(&f.headers, "headers", false, "ls: print every header of each event")
+	if len(args) == 0 || !slices.Contains([]string{"ls", "redrive", "rm"}, args[0]) {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+			fs.Usage()
+			return 0
+		}
+		fmt.Fprintln(e.stderr, "mqctl dlq: the first argument must be ls, redrive or rm")
+		fs.Usage()
+		return 2
+	}
+	sub := args[0]
+	if code := parse(fs, args[1:]); code >= 0 {
+		return code
+	}
+	cfg, ok := f.nats.config(fs)
+	if !ok {
+		return 2
+	}
+	if f.tenant == "" {
+		fmt.Fprintln(e.stderr, "mqctl dlq: -tenant is required")
+		return 2
+	}
+	var sel mq.DeadLetterSelector
+	if sub != "ls" {
+		var msg string
+		if sel, msg = f.selector(sub); msg != "" {
+			fmt.Fprintf(e.stderr, "mqctl dlq %s: %s\n", sub, msg)
+			return 2
+		}
+	}
+	b, err := mq.NewNATS(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "mqctl dlq %s: %v\n", sub, err)
+		return 1
+	}
+	defer b.Close()
+	tenant := mq.TenantID(f.tenant)
+	switch sub {
+	case "ls":
+		err = f.list(ctx, e, b, tenant)
+	case "redrive":
+		var n int
+		n, err = b.Redrive(ctx, tenant, sel)
+		fmt.Fprintf(e.stdout, "redrove %d parked events of %s\n", n, tenant)
+	case "rm":
+		var n int
+		n, err = b.DeleteDeadLetters(ctx, tenant, sel)
+		fmt.Fprintf(e.stdout, "removed %d parked events of %s\n", n, tenant)
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "mqctl dlq %s: %v\n", sub, err)
+		return 1
+	}
+	return 0
+}
+
+// selector is what -all, -table and -id pick, or why they cannot be used: exactly one
+// is needed, and rm -all needs -yes.
+func (f *dlqFlags) selector(sub string) (mq.DeadLetterSelector, string) {
+	var sel mq.DeadLetterSelector
+	given := 0
+	if f.all {
+		sel.All = true
+		given++
+	}
+	if f.table != "" {
+		sel.Table = f.table
+		given++
+	}
+	if f.ids != "" {
+		for id := range strings.SplitSeq(f.ids, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				sel.IDs = append(sel.IDs, id)
+			}
+		}
+		given++
+	}
+	switch {
+	case given != 1:
+		return sel, "give exactly one of -all, -table and -id"
+	case sub == "rm" && f.all && !f.yes:
+		return sel, "-all removes every parked event of the tenant for good; add -yes to confirm"
+	}
+	return sel, ""
+}
+
+// list prints one page of the tenant's parked events and, when more follow, the
+// cursor of the next.
+func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, tenant mq.TenantID) error {
+	page, next, err := b.DeadLetters(ctx, tenant, mq.DeadLetterQuery{Table: f.table, Limit: f.limit, Cursor: f.cursor})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTABLE\tSCOPE\tPARKED\tREASON\tATTEMPTS\tERROR")
+	for _, m := range page {
+		t := m.Topic()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, t.Table, dash(t.Scope),
+			m.Timestamp.UTC().Format(time.RFC3339), dash(m.Headers.Get(mq.HeaderDeadReason)),
+			dash(m.Headers.Get(mq.HeaderDeadAttempts)), dash(m.Headers.Get(mq.HeaderDeadError)))
+		if f.headers {
+			keys := make([]string, 0, len(m.Headers))
+			for k := range m.Headers {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				for _, v := range m.Headers[k] {
+					fmt.Fprintf(tw, "\t  %s: %s\n", k, v)
+				}
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%d parked events of %s on this page\n", len(page), tenant)
+	if next != "" {
+		fmt.Fprintf(e.stdout, "next page: -cursor %s\n", next)
+	}
+	return nil
+}
+
+// dash stands in for an empty column, so the columns stay aligned.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/wavehouse/mq"
+)
+
+// openEmbedded starts an embedded broker listening on loopback, for the commands to
+// reach as an operator's cluster, with budgets for the tenants acme and other.
+func openEmbedded(t *testing.T) *mq.EmbeddedNATS {
+	t.Helper()
+	e, err := mq.NewEmbedded(t.Context(), mq.EmbeddedOptions{StoreDir: t.TempDir(), ListenAddr: "127.0.0.1:0", NoSync: true,
+		Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	for _, tenant := range []mq.TenantID{"acme", "other"} {
+		if err := e.SetMaxBytes(t.Context(), tenant, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+// parkEvents parks n events of tenant's table as the worker's poison policy does.
+func parkEvents(t *testing.T, b mq.Broker, tenant mq.TenantID, table string, n int) {
+	t.Helper()
+	for range n {
+		msg := mq.NewMessage(context.Background(), mq.Topic{Tenant: tenant, Table: table}, []byte("row"))
+		if err := b.DeadLetter(t.Context(), msg, mq.WithHeader(mq.HeaderDeadReason, mq.DeadReasonHandlerFailed),
+			mq.WithHeader(mq.HeaderDeadAttempts, "5"), mq.WithHeader(mq.HeaderDeadError, "bad row")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func parkedOf(t *testing.T, b mq.Broker, tenant mq.TenantID) mq.DeadLetterCounts {
+	t.Helper()
+	c, err := b.DeadLetterCounts(t.Context(), tenant, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestDLQListsRedrivesAndRemovesATenantsParkedEvents runs ls, redrive by table and rm by
+// id and by -all against a live server, and checks what is left parked after each.
+func TestDLQListsRedrivesAndRemovesATenantsParkedEvents(t *testing.T) {
+	e := openEmbedded(t)
+	parkEvents(t, e, "acme", "orders", 3)
+	parkEvents(t, e, "acme", "users", 2)
+	parkEvents(t, e, "other", "orders", 1)
+	url := e.ClientURL()
+
+	code, stdout, stderr := runArgs(t, "dlq", "ls", "-url", url, "-tenant", "acme", "-limit", "4")
+	if code != 0 || strings.Count(stdout, mq.DeadReasonHandlerFailed) != 4 || !strings.Contains(stdout, "bad row") ||
+		!strings.Contains(stdout, "next page: -cursor ") || !strings.Contains(stdout, "ID  ") {
+		t.Fatalf("dlq ls: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	first := strings.Fields(strings.Split(stdout, "\n")[1])
+	if first[1] != "orders" {
+		t.Fatalf("dlq ls: the oldest parked event is not first:\n%s", stdout)
+	}
+	cursor := stdout[strings.Index(stdout, "-cursor ")+len("-cursor "):]
+	code, stdout, _ = runArgs(t, "dlq", "ls", "-url", url, "-tenant", "acme", "-cursor", strings.TrimSpace(cursor), "-headers")
+	if code != 0 || strings.Count(stdout, "users") != 1 || !strings.Contains(stdout, mq.HeaderDeadAttempts+": 5") {
+		t.Fatalf("dlq ls, second page: exit %d\n%s", code, stdout)
+	}
+
+	code, stdout, stderr = runArgs(t, "dlq", "redrive", "-url", url, "-tenant", "acme", "-table", "orders")
+	if c := parkedOf(t, e, "acme"); code != 0 || !strings.Contains(stdout, "redrove 3") || c.Total != 2 || c.Tables["orders"] != 0 {
+		t.Fatalf("dlq redrive -table orders: exit %d, stdout %s, stderr %s, left %+v", code, stdout, stderr, c)
+	}
+
+	code, stdout, stderr = runArgs(t, "dlq", "rm", "-url", url, "-tenant", "acme", "-id", first[0])
+	if code != 1 || !strings.Contains(stderr, "not found") {
+		t.Fatalf("dlq rm of a redriven id: exit %d, stdout %s, stderr %s", code, stdout, stderr)
+	}
+	if code, _, stderr := runArgs(t, "dlq", "rm", "-url", url, "-tenant", "acme", "-all"); code != 2 || !strings.Contains(stderr, "-yes") {
+		t.Fatalf("dlq rm -all without -yes: exit %d, stderr %s", code, stderr)
+	}
+	code, stdout, _ = runArgs(t, "dlq", "rm", "-url", url, "-tenant", "acme", "-all", "-yes")
+	if c := parkedOf(t, e, "acme"); code != 0 || !strings.Contains(stdout, "removed 2") || c.Total != 0 {
+		t.Fatalf("dlq rm -all -yes: exit %d, stdout %s, left %+v", code, stdout, c)
+	}
+	if c := parkedOf(t, e, "other"); c.Total != 1 {
+		t.Fatalf("another tenant's parked event was touched: %+v", c)
+	}
+}
+
+func TestDLQRefusesBadArguments(t *testing.T) {
+	for _, args := range [][]string{
+		{"dlq"},
+		{"dlq", "show", "-url", "nats://127.0.0.1:1", "-tenant", "a"},
+		{"dlq", "ls", "-tenant", "a"},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1"},
+		{"dlq", "redrive", "-url", "nats://127.0.0.1:1", "-tenant", "a"},
+		{"dlq", "redrive", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-all", "-table", "t"},
+	} {
+		if code, _, stderr := runArgs(t, args...); code != 2 || stderr == "" {
+			t.Errorf("%v: exit %d, stderr %q; want a usage error", args, code, stderr)
+		}
+	}
+}

@@ -1,0 +1,240 @@
+package mq
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// StatusReader reads the topology's live state for an operator (mqctl status). It is
+// not part of Broker: the NATS brokers implement it. It only reads: stream and
+// consumer info, and the workers' heartbeats.
+type StatusReader interface {
+	// Status reads one snapshot. A partition or the history that cannot be read is an
+	// error; a consumer list the user may not read is reported in ConsumersErr.
+	Status(ctx context.Context, opts StatusOptions) (TopologyStatus, error)
+}
+
+// StatusOptions tunes Status.
+type StatusOptions struct {
+	// ListenWorkers is how long Status listens for the workers' heartbeats; 0 means
+	// 1s, one beat of the default MemberTimeout. Workers that beat less often may be
+	// missed.
+	ListenWorkers time.Duration
+}
+
+// TopologyStatus is one snapshot of the topology.
+type TopologyStatus struct {
+	Partitions []PartitionStatus
+	History    HistoryStatus
+	// DeadLetters counts the parked events per tenant (a subject this prefix did not
+	// write counts under its first token).
+	DeadLetters map[TenantID]uint64
+	// Consumers are every consumer on the partitions and the history, by stream and
+	// name; nil with ConsumersErr when the user may not list them.
+	Consumers    []ConsumerStatus
+	ConsumersErr error
+	// Workers are the ingest workers heard during ListenWorkers, by id.
+	Workers []WorkerStatus
+}
+
+// PartitionStatus is one partition's stream and its ingest durable.
+type PartitionStatus struct {
+	Partition int
+	Stream    string
+	// Messages and Bytes are what the stream holds: the backlog not yet acknowledged,
+	// and acknowledged events the history has not copied yet.
+	Messages, Bytes uint64
+	// The ingest durable: events not yet delivered, delivered and unacknowledged,
+	// and redelivered.
+	Pending, AckPending, Redelivered uint64
+	// PinnedID is the server's id of the pull pinned in the ingest group ("" when
+	// none), since PinnedAt.
+	PinnedID string
+	PinnedAt time.Time
+}
+
+// HistoryStatus is the history stream and its sources.
+type HistoryStatus struct {
+	Stream          string
+	Messages, Bytes uint64
+	Sources         []SourceStatus
+}
+
+// SourceStatus is one source of the history: how many events it is behind, and how
+// long ago it was last in contact (negative: never).
+type SourceStatus struct {
+	Stream   string
+	Lag      uint64
+	LastSeen time.Duration
+	Error    string
+}
+
+// ConsumerStatus is one consumer.
+type ConsumerStatus struct {
+	Stream, Name                     string
+	Durable                          bool
+	Pending, AckPending, Redelivered uint64
+	Waiting                          int
+}
+
+// WorkerStatus is one ingest worker as its heartbeat shows it: its id, its
+// connection's name (NATSConfig.Name, "mq-<hostname>" by default; "mq-embedded" on
+// EmbeddedNATS), the partitions it holds and its static claim.
+type WorkerStatus struct {
+	ID, Name string
+	Owned    []int
+	Claim    []int
+	Leaving  bool
+}
+
+// status reads the snapshot; the workers' listen runs alongside the reads.
+func (c *natsCore) status(ctx context.Context, opts StatusOptions) (TopologyStatus, error) {
+	if ctx == nil {
+		return TopologyStatus{}, errNilContext("status")
+	}
+	if err := c.checkOpen(); err != nil {
+		return TopologyStatus{}, err
+	}
+	stopListen, err := c.listenWorkers()
+	if err != nil {
+		return TopologyStatus{}, err
+	}
+	var s TopologyStatus
+	if err := c.readStatus(ctx, &s); err != nil {
+		stopListen()
+		return TopologyStatus{}, err
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(cmp.Or(opts.ListenWorkers, time.Second)):
+	}
+	s.Workers = stopListen()
+	return s, nil
+}
+
+// readStatus fills everything but the workers.
+func (c *natsCore) readStatus(ctx context.Context, s *TopologyStatus) error {
+	for p, name := range c.partitions {
+		ps := PartitionStatus{Partition: p, Stream: name}
+		st, err := c.js.Stream(ctx, name)
+		if err != nil {
+			return c.mapRequestError("status: partition stream "+name, err)
+		}
+		info := st.CachedInfo()
+		ps.Messages, ps.Bytes = info.State.Msgs, info.State.Bytes
+		ci, err := c.js.Consumer(ctx, name, c.topo.IngestConsumer)
+		if err != nil {
+			return c.mapRequestError("status: durable "+c.topo.IngestConsumer+" on "+name, err)
+		}
+		in := ci.CachedInfo()
+		ps.Pending, ps.AckPending, ps.Redelivered = in.NumPending, uint64(in.NumAckPending), uint64(in.NumRedelivered)
+		for _, g := range in.PriorityGroups {
+			if g.Group == c.topo.IngestGroup {
+				ps.PinnedID, ps.PinnedAt = g.PinnedClientID, g.PinnedTS
+			}
+		}
+		s.Partitions = append(s.Partitions, ps)
+	}
+	hist, err := c.js.Stream(ctx, c.topo.HistoryStream)
+	if err != nil {
+		return c.mapRequestError("status: history stream "+c.topo.HistoryStream, err)
+	}
+	hi := hist.CachedInfo()
+	s.History = HistoryStatus{Stream: hi.Config.Name, Messages: hi.State.Msgs, Bytes: hi.State.Bytes}
+	for _, src := range hi.Sources {
+		ss := SourceStatus{Stream: src.Name, Lag: src.Lag, LastSeen: src.Active}
+		if src.Error != nil {
+			ss.Error = src.Error.Error()
+		}
+		s.History.Sources = append(s.History.Sources, ss)
+	}
+	slices.SortFunc(s.History.Sources, func(a, b SourceStatus) int { return strings.Compare(a.Stream, b.Stream) })
+	perSubject, err := c.subjectCounts(ctx, c.deadLetters, c.subs.deadLetterAll())
+	if err != nil {
+		return c.mapRequestError("status: dead letters on "+c.deadLetters, err)
+	}
+	s.DeadLetters = map[TenantID]uint64{}
+	for subject, n := range perSubject {
+		tenant, _, _ := strings.Cut(c.subs.keyOrSubject(subject), ".")
+		s.DeadLetters[TenantID(tenant)] += n
+	}
+	s.Consumers, s.ConsumersErr = c.listConsumers(ctx, append(slices.Clone(c.partitions), c.topo.HistoryStream))
+	return nil
+}
+
+// listConsumers lists every consumer of streams; the restricted user may not
+// (CONSUMER.LIST is not in PermissionsFor), which is the error.
+func (c *natsCore) listConsumers(ctx context.Context, streams []string) ([]ConsumerStatus, error) {
+	var out []ConsumerStatus
+	for _, name := range streams {
+		st, err := c.js.Stream(ctx, name)
+		if err != nil {
+			return nil, c.mapRequestError("status: stream "+name, err)
+		}
+		list := st.ListConsumers(ctx)
+		for in := range list.Info() {
+			out = append(out, ConsumerStatus{
+				Stream: name, Name: in.Name, Durable: in.Config.Durable != "",
+				Pending: in.NumPending, AckPending: uint64(in.NumAckPending), Redelivered: uint64(in.NumRedelivered),
+				Waiting: in.NumWaiting,
+			})
+		}
+		if err := list.Err(); err != nil {
+			return nil, c.mapRequestError("status: list the consumers of "+name, err)
+		}
+	}
+	return out, nil
+}
+
+// listenWorkers hears the workers' heartbeats until stop, which returns the last
+// beat of each, by id. It only listens: a beat sent here would make the workers count
+// it as a member.
+func (c *natsCore) listenWorkers() (stop func() []WorkerStatus, err error) {
+	var mu sync.Mutex
+	heard := map[string]WorkerStatus{}
+	sub, err := c.nc.Subscribe(c.topo.workerSubject(), func(m *nats.Msg) {
+		var b beat
+		if json.Unmarshal(m.Data, &b) != nil || b.ID == "" {
+			return
+		}
+		mu.Lock()
+		heard[b.ID] = WorkerStatus(b) // same fields; a change to beat that breaks this fails to compile
+		mu.Unlock()
+	})
+	if err != nil {
+		return nil, c.mapRequestError("status: listen on "+c.topo.workerSubject(), err)
+	}
+	return func() []WorkerStatus {
+		_ = sub.Unsubscribe()
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([]WorkerStatus, 0, len(heard))
+		for _, w := range heard {
+			out = append(out, w)
+		}
+		slices.SortFunc(out, func(a, b WorkerStatus) int { return strings.Compare(a.ID, b.ID) })
+		return out
+	}, nil
+}
+
+var (
+	_ StatusReader = (*ExternalNATS)(nil)
+	_ StatusReader = (*EmbeddedNATS)(nil)
+)
+
+// Status reads the topology's state on the operator's streams; see [StatusReader].
+func (e *ExternalNATS) Status(ctx context.Context, opts StatusOptions) (TopologyStatus, error) {
+	return e.core.status(ctx, opts)
+}
+
+// Status reads the topology's state; see [StatusReader].
+func (e *EmbeddedNATS) Status(ctx context.Context, opts StatusOptions) (TopologyStatus, error) {
+	return e.core.status(ctx, opts)
+}
