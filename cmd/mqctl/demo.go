@@ -114,6 +114,7 @@ type demoRun struct {
 
 	mu        sync.Mutex
 	published int // publishes the broker confirmed
+	batches   int // PublishBatch calls the broker confirmed
 	fleet     demoFleet
 	hubSeen   int
 	hubLast   map[mq.TenantID]int
@@ -268,7 +269,8 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		cut = time.Now()
 		time.Sleep(2 * time.Millisecond)
 		d.printf("first half: %d events; replay cut at %s", firstHalf, cut.Format("15:04:05.000000"))
-		if err := d.publish(ctx, d.plan.half, perTenant); err != nil {
+		// The second half goes as the ingest API sends a request's rows: in batches.
+		if err := d.publishBatches(ctx, d.plan.half, perTenant); err != nil {
 			return err
 		}
 		d.printf("%d events: %d tenants x %d, tables %s, every fifth scoped \"eu\"; poison: %s %s",
@@ -284,6 +286,9 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 	}
 	d.mu.Lock()
 	d.check("events published (confirmed)", d.published, d.plan.total)
+	perTenantBatches := (perTenant - d.plan.half + demoBatchSize - 1) / demoBatchSize
+	d.check(fmt.Sprintf("atomic PublishBatch calls confirmed (second half, %d events each)", demoBatchSize),
+		d.batches, perTenantBatches*len(demoTenants))
 	d.mu.Unlock()
 
 	// 5. Wait for the workers and the hub. The poison event is never written: the
