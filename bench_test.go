@@ -20,9 +20,19 @@ import (
 
 const benchPayload = 256
 
-func benchBroker(b *testing.B) *EmbeddedNATS {
+// syncModes are EmbeddedNATS's two sync settings, the benchmark parameter sync=:
+// always is the default (an fsync after every write, SyncAlways), periodic is NoSync
+// (the server's periodic sync, every two minutes by default).
+var syncModes = []struct {
+	name   string
+	noSync bool
+}{{"always", false}, {"periodic", true}}
+
+// benchBroker opens an EmbeddedNATS in a temp dir with tenant acme's budget unbounded.
+// noSync picks the sync setting; the benchmarks that do not measure it use periodic.
+func benchBroker(b *testing.B, noSync bool) *EmbeddedNATS {
 	b.Helper()
-	e, err := NewEmbedded(context.Background(), EmbeddedOptions{StoreDir: b.TempDir(), NoSync: true, Logger: quietLog})
+	e, err := NewEmbedded(context.Background(), EmbeddedOptions{StoreDir: b.TempDir(), NoSync: noSync, Logger: quietLog})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -48,31 +58,33 @@ func rawJS(b *testing.B, e *EmbeddedNATS) jetstream.JetStream {
 }
 
 // BenchmarkPublish: publishes of 256 B from 1 and from 32 concurrent callers of one
-// tenant, each call confirmed by the partition before it returns. impl=raw is nats.go's
-// synchronous publish on one connection, what a caller without this library would write.
+// tenant, each call confirmed by the partition before it returns, with EmbeddedNATS's
+// two sync settings. impl=raw is nats.go's synchronous publish on one connection, what
+// a caller without this library would write.
 func BenchmarkPublish(b *testing.B) {
 	topic := Topic{Tenant: "acme", Table: "bench"}
 	payload := make([]byte, benchPayload)
-	for _, callers := range []int{1, 32} {
-		b.Run("callers="+strconv.Itoa(callers), func(b *testing.B) {
-			b.Run("impl=raw", func(b *testing.B) {
-				e := benchBroker(b)
-				js := rawJS(b, e)
-				subject, p, _ := e.subs.ingestTopic(topic)
-				stream := e.topo.PartitionStream(p)
-				benchCallers(b, callers, func() error {
-					_, err := js.Publish(context.Background(), subject, payload,
-						jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(stream))
-					return err
+	for _, mode := range syncModes {
+		for _, callers := range []int{1, 32} {
+			b.Run("sync="+mode.name+"/callers="+strconv.Itoa(callers), func(b *testing.B) {
+				b.Run("impl=raw", func(b *testing.B) {
+					e := benchBroker(b, mode.noSync)
+					js := rawJS(b, e)
+					subject, stream := rawTarget(e, topic)
+					benchCallers(b, callers, func() error {
+						_, err := js.Publish(context.Background(), subject, payload,
+							jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(stream))
+						return err
+					})
+				})
+				b.Run("impl=mq", func(b *testing.B) {
+					e := benchBroker(b, mode.noSync)
+					benchCallers(b, callers, func() error {
+						return e.Publish(context.Background(), topic, payload)
+					})
 				})
 			})
-			b.Run("impl=mq", func(b *testing.B) {
-				e := benchBroker(b)
-				benchCallers(b, callers, func() error {
-					return e.Publish(context.Background(), topic, payload)
-				})
-			})
-		})
+		}
 	}
 }
 
@@ -118,7 +130,7 @@ func BenchmarkConsume(b *testing.B) {
 		}
 	}
 	b.Run("impl=raw", func(b *testing.B) {
-		e := benchBroker(b)
+		e := benchBroker(b, true)
 		fill(b, e)
 		js := rawJS(b, e)
 		var n atomic.Int64
@@ -149,7 +161,7 @@ func BenchmarkConsume(b *testing.B) {
 		}
 	})
 	b.Run("impl=mq", func(b *testing.B) {
-		e := benchBroker(b)
+		e := benchBroker(b, true)
 		fill(b, e)
 		c, err := e.CreateConsumer(context.Background(), ConsumerConfig{Durable: WorkerDurable})
 		if err != nil {
