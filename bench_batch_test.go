@@ -33,42 +33,43 @@ const rawSyncCallers = 32
 // Every impl but raw-fast sends a message id per event, as PublishBatch does, so a
 // retry stores each event once; a fast batch has no per-event retry to need one.
 func BenchmarkPublishBatch(b *testing.B) {
-	topic := Topic{Tenant: "acme", Table: "bench"}
-	payload := make([]byte, benchPayload)
 	for _, mode := range syncModes {
-		for _, size := range batchSizes {
-			b.Run("sync="+mode.name+"/size="+strconv.Itoa(size), func(b *testing.B) {
-				for _, raw := range rawBatchImpls {
-					b.Run("impl="+raw.name, func(b *testing.B) {
-						e := benchBroker(b, mode.noSync)
-						js := rawAsyncJS(b, e)
-						subject, stream := rawTarget(e, topic)
-						if raw.batched {
-							allowBatched(b, js, stream)
-						}
-						benchBatches(b, size, func() error {
-							return raw.publish(js, subject, stream, payload, size)
-						})
-					})
-				}
-				for _, atomic := range []bool{false, true} {
-					name := "impl=mq-pipelined"
-					if atomic {
-						name = "impl=mq-atomic"
+		b.Run("sync="+mode.name, func(b *testing.B) { benchPublishBatch(b, embeddedTarget(mode.noSync)) })
+	}
+}
+
+func benchPublishBatch(b *testing.B, open func(*testing.B) benchTarget) {
+	payload := make([]byte, benchPayload)
+	for _, size := range batchSizes {
+		b.Run("size="+strconv.Itoa(size), func(b *testing.B) {
+			for _, raw := range rawBatchImpls {
+				b.Run("impl="+raw.name, func(b *testing.B) {
+					t := open(b)
+					if raw.batched {
+						allowBatched(b, t.admin, t.stream)
 					}
-					b.Run(name, func(b *testing.B) {
-						e := benchBroker(b, mode.noSync)
-						batch := Batch{Tenant: topic.Tenant, Atomic: atomic, Events: make([]BatchEvent, size)}
-						for i := range batch.Events {
-							batch.Events[i] = BatchEvent{Table: topic.Table, Data: payload}
-						}
-						benchBatches(b, size, func() error {
-							return e.PublishBatch(context.Background(), batch)
-						})
+					benchBatches(b, size, func() error {
+						return raw.publish(t.raw, t.subject, t.stream, payload, size)
 					})
+				})
+			}
+			for _, atomic := range []bool{false, true} {
+				name := "impl=mq-pipelined"
+				if atomic {
+					name = "impl=mq-atomic"
 				}
-			})
-		}
+				b.Run(name, func(b *testing.B) {
+					t := open(b)
+					batch := Batch{Tenant: benchTopic.Tenant, Atomic: atomic, Events: make([]BatchEvent, size)}
+					for i := range batch.Events {
+						batch.Events[i] = BatchEvent{Table: benchTopic.Table, Data: payload}
+					}
+					benchBatches(b, size, func() error {
+						return t.broker.PublishBatch(context.Background(), batch)
+					})
+				})
+			}
+		})
 	}
 }
 
@@ -108,23 +109,6 @@ func reportPerEvent(b *testing.B, events int) {
 	}
 	b.ReportMetric(float64(d.Nanoseconds())/float64(events), "ns/event")
 	b.ReportMetric(float64(events)/d.Seconds(), "events/s")
-}
-
-// rawTarget is the subject and partition stream of topic, where raw nats.go publishes.
-func rawTarget(e *EmbeddedNATS, topic Topic) (subject, stream string) {
-	subject, p, _ := e.subs.ingestTopic(topic)
-	return subject, e.topo.PartitionStream(p)
-}
-
-// rawAsyncJS is like rawJS with PublishAsync's window at 4096, PublishBatch's; the
-// window changes nothing for synchronous publishes.
-func rawAsyncJS(b *testing.B, e *EmbeddedNATS) jetstream.JetStream {
-	b.Helper()
-	js, err := jetstream.New(rawJS(b, e).Conn(), jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		b.Fatal(err)
-	}
-	return js
 }
 
 func rawSyncBatch(js jetstream.JetStream, subject, stream string, payload []byte, size int) error {

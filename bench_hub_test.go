@@ -20,15 +20,13 @@ import (
 // with nats.go and reads the history with an ordered consumer of its own, as the hub
 // does; impl=mq is Publish and Subscribe.
 func BenchmarkPublishToHub(b *testing.B) {
-	topic := Topic{Tenant: "acme", Table: "bench"}
 	for _, pace := range []string{"one", "back-to-back"} {
 		b.Run("pace="+pace, func(b *testing.B) {
 			b.Run("impl=raw", func(b *testing.B) {
 				e := benchBroker(b, true)
-				js := rawJS(b, e)
-				subject, stream := rawTarget(e, topic)
+				t := newBenchTarget(b, e, e.core, rawJS(b, e).Conn())
 				benchHub(b, pace == "one", func(deliver func([]byte)) {
-					cons, err := js.OrderedConsumer(context.Background(), e.topo.HistoryStream, jetstream.OrderedConsumerConfig{
+					cons, err := t.raw.OrderedConsumer(context.Background(), e.topo.HistoryStream, jetstream.OrderedConsumerConfig{
 						FilterSubjects: []string{e.subs.ingestAll()},
 						DeliverPolicy:  jetstream.DeliverNewPolicy,
 					})
@@ -41,8 +39,8 @@ func BenchmarkPublishToHub(b *testing.B) {
 					}
 					b.Cleanup(cc.Stop)
 				}, func(payload []byte) error {
-					_, err := js.Publish(context.Background(), subject, payload,
-						jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(stream))
+					_, err := t.raw.Publish(context.Background(), t.subject, payload,
+						jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(t.stream))
 					return err
 				})
 			})
@@ -56,7 +54,7 @@ func BenchmarkPublishToHub(b *testing.B) {
 						b.Fatal(err)
 					}
 				}, func(payload []byte) error {
-					return e.Publish(context.Background(), topic, payload)
+					return e.Publish(context.Background(), benchTopic, payload)
 				})
 			})
 		})
