@@ -20,9 +20,19 @@ import (
 
 const benchPayload = 256
 
-func benchBroker(b *testing.B) *EmbeddedNATS {
+// syncModes are EmbeddedNATS's two sync settings, the benchmark parameter sync=:
+// always is the default (an fsync after every write, SyncAlways), periodic is NoSync
+// (the server's periodic sync, every two minutes by default).
+var syncModes = []struct {
+	name   string
+	noSync bool
+}{{"always", false}, {"periodic", true}}
+
+// benchBroker opens an EmbeddedNATS in a temp dir with tenant acme's budget unbounded.
+// noSync picks the sync setting; the benchmarks that do not measure it use periodic.
+func benchBroker(b *testing.B, noSync bool) *EmbeddedNATS {
 	b.Helper()
-	e, err := NewEmbedded(context.Background(), EmbeddedOptions{StoreDir: b.TempDir(), NoSync: true, Logger: quietLog})
+	e, err := NewEmbedded(context.Background(), EmbeddedOptions{StoreDir: b.TempDir(), NoSync: noSync, Logger: quietLog})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,29 +57,72 @@ func rawJS(b *testing.B, e *EmbeddedNATS) jetstream.JetStream {
 	return js
 }
 
+// benchTopic is the one tenant's topic every publish benchmark writes to.
+var benchTopic = Topic{Tenant: "acme", Table: "bench"}
+
+// benchTarget is what a publish benchmark runs against: the library's broker and a
+// raw nats.go JetStream context on a connection of its own to the same servers, with
+// benchTopic's ingest subject and partition stream, where raw publishes go.
+type benchTarget struct {
+	broker interface {
+		Publisher
+		BatchPublisher
+	}
+	raw             jetstream.JetStream // PublishAsync's window at 4096, PublishBatch's
+	subject, stream string
+	// admin may change the stream's configuration: raw itself on EmbeddedNATS.
+	admin jetstream.JetStream
+}
+
+// newBenchTarget builds the target of broker's core and the raw connection nc.
+func newBenchTarget(b *testing.B, broker interface {
+	Publisher
+	BatchPublisher
+}, c *natsCore, nc *nats.Conn) benchTarget {
+	b.Helper()
+	// The window changes nothing for synchronous publishes.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		b.Fatal(err)
+	}
+	subject, p, _ := c.subs.ingestTopic(benchTopic)
+	return benchTarget{broker: broker, raw: js, subject: subject, stream: c.partitions[p], admin: js}
+}
+
+// embeddedTarget opens a fresh EmbeddedNATS per benchmark, with the sync setting noSync.
+func embeddedTarget(noSync bool) func(*testing.B) benchTarget {
+	return func(b *testing.B) benchTarget {
+		e := benchBroker(b, noSync)
+		return newBenchTarget(b, e, e.core, rawJS(b, e).Conn())
+	}
+}
+
 // BenchmarkPublish: publishes of 256 B from 1 and from 32 concurrent callers of one
-// tenant, each call confirmed by the partition before it returns. impl=raw is nats.go's
-// synchronous publish on one connection, what a caller without this library would write.
+// tenant, each call confirmed by the partition before it returns, with EmbeddedNATS's
+// two sync settings. impl=raw is nats.go's synchronous publish on one connection, what
+// a caller without this library would write.
 func BenchmarkPublish(b *testing.B) {
-	topic := Topic{Tenant: "acme", Table: "bench"}
+	for _, mode := range syncModes {
+		b.Run("sync="+mode.name, func(b *testing.B) { benchPublish(b, embeddedTarget(mode.noSync)) })
+	}
+}
+
+func benchPublish(b *testing.B, open func(*testing.B) benchTarget) {
 	payload := make([]byte, benchPayload)
 	for _, callers := range []int{1, 32} {
 		b.Run("callers="+strconv.Itoa(callers), func(b *testing.B) {
 			b.Run("impl=raw", func(b *testing.B) {
-				e := benchBroker(b)
-				js := rawJS(b, e)
-				subject, p, _ := e.subs.ingestTopic(topic)
-				stream := e.topo.PartitionStream(p)
+				t := open(b)
 				benchCallers(b, callers, func() error {
-					_, err := js.Publish(context.Background(), subject, payload,
-						jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(stream))
+					_, err := t.raw.Publish(context.Background(), t.subject, payload,
+						jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(t.stream))
 					return err
 				})
 			})
 			b.Run("impl=mq", func(b *testing.B) {
-				e := benchBroker(b)
+				t := open(b)
 				benchCallers(b, callers, func() error {
-					return e.Publish(context.Background(), topic, payload)
+					return t.broker.Publish(context.Background(), benchTopic, payload)
 				})
 			})
 		})
@@ -100,7 +153,7 @@ func benchCallers(b *testing.B, callers int, publish func() error) {
 
 // BenchmarkConsume: drain b.N stored events through the ingest durable, acking each.
 func BenchmarkConsume(b *testing.B) {
-	topic := Topic{Tenant: "acme", Table: "bench"}
+	topic := benchTopic
 	payload := make([]byte, benchPayload)
 	fill := func(b *testing.B, e *EmbeddedNATS) {
 		b.Helper()
@@ -118,7 +171,7 @@ func BenchmarkConsume(b *testing.B) {
 		}
 	}
 	b.Run("impl=raw", func(b *testing.B) {
-		e := benchBroker(b)
+		e := benchBroker(b, true)
 		fill(b, e)
 		js := rawJS(b, e)
 		var n atomic.Int64
@@ -149,7 +202,7 @@ func BenchmarkConsume(b *testing.B) {
 		}
 	})
 	b.Run("impl=mq", func(b *testing.B) {
-		e := benchBroker(b)
+		e := benchBroker(b, true)
 		fill(b, e)
 		c, err := e.CreateConsumer(context.Background(), ConsumerConfig{Durable: WorkerDurable})
 		if err != nil {

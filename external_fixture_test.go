@@ -29,7 +29,7 @@ func newExternalFixture(t *testing.T) *externalFixture {
 }
 
 // config is a broker configuration connecting as the restricted application user.
-func (f *externalFixture) config(t *testing.T) NATSConfig {
+func (f *externalFixture) config(t testing.TB) NATSConfig {
 	t.Helper()
 	pw := filepath.Join(t.TempDir(), "password")
 	require.NoError(t, os.WriteFile(pw, []byte(password(appUser)+"\n"), 0o600))
@@ -44,7 +44,7 @@ func (f *externalFixture) config(t *testing.T) NATSConfig {
 }
 
 // broker boots an ExternalNATS as the application user, closed at cleanup.
-func (f *externalFixture) broker(t *testing.T, mutate ...func(*NATSConfig)) *ExternalNATS {
+func (f *externalFixture) broker(t testing.TB, mutate ...func(*NATSConfig)) *ExternalNATS {
 	t.Helper()
 	cfg := f.config(t)
 	for _, m := range mutate {

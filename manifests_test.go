@@ -87,7 +87,7 @@ type manifestDoc struct {
 	Spec map[string]any `yaml:"spec"`
 }
 
-func parseManifests(t *testing.T, data []byte) []manifestDoc {
+func parseManifests(t testing.TB, data []byte) []manifestDoc {
 	t.Helper()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var docs []manifestDoc
@@ -163,7 +163,7 @@ func withDefaults(kind string, spec map[string]any) map[string]any {
 func str(m map[string]any, k string) string { s, _ := m[k].(string); return s }
 func num(m map[string]any, k string) int64  { n, _ := m[k].(int); return int64(n) }
 func flag(m map[string]any, k string) bool  { b, _ := m[k].(bool); return b }
-func dur(t *testing.T, m map[string]any, k string) time.Duration {
+func dur(t testing.TB, m map[string]any, k string) time.Duration {
 	s := str(m, k)
 	if s == "" {
 		return 0
@@ -174,7 +174,7 @@ func dur(t *testing.T, m map[string]any, k string) time.Duration {
 }
 
 // nackStream maps a Stream resource onto the JetStream configuration NACK would apply.
-func nackStream(t *testing.T, spec map[string]any) jetstream.StreamConfig {
+func nackStream(t testing.TB, spec map[string]any) jetstream.StreamConfig {
 	s := withDefaults("Stream", spec)
 	cfg := jetstream.StreamConfig{
 		Name: str(s, "name"), MaxMsgs: num(s, "maxMsgs"), MaxBytes: num(s, "maxBytes"),
@@ -205,7 +205,7 @@ func nackStream(t *testing.T, spec map[string]any) jetstream.StreamConfig {
 
 // nackConsumer maps a Consumer resource onto the JetStream configuration NACK would
 // apply, returning its stream.
-func nackConsumer(t *testing.T, spec map[string]any) (string, jetstream.ConsumerConfig) {
+func nackConsumer(t testing.TB, spec map[string]any) (string, jetstream.ConsumerConfig) {
 	c := withDefaults("Consumer", spec)
 	cfg := jetstream.ConsumerConfig{
 		Durable: str(c, "durableName"), AckWait: dur(t, c, "ackWait"), MaxDeliver: int(num(c, "maxDeliver")),
@@ -235,7 +235,7 @@ func nackConsumer(t *testing.T, spec map[string]any) (string, jetstream.Consumer
 func asList(v any) []any { l, _ := v.([]any); return l }
 
 // shapeFromManifests turns manifests into the shape NACK would create, at one replica.
-func shapeFromManifests(t *testing.T, topo NATSTopology, data []byte) *shape {
+func shapeFromManifests(t testing.TB, topo NATSTopology, data []byte) *shape {
 	topo = topo.WithDefaults()
 	s := &shape{topo: topo, consumers: map[string][]jetstream.ConsumerConfig{}}
 	for _, d := range parseManifests(t, data) {

@@ -36,7 +36,7 @@ const testClusterName = "wh-test"
 
 // newClusterFixture starts n nodes and waits until the cluster has a JetStream meta
 // leader and takes a replicated stream.
-func newClusterFixture(t *testing.T, n int) *clusterFixture {
+func newClusterFixture(t testing.TB, n int) *clusterFixture {
 	t.Helper()
 	// Every node lists every other's route at its first start (a JetStream cluster
 	// refuses to start without configured routes), so the route ports are taken up
@@ -70,7 +70,7 @@ func newClusterFixture(t *testing.T, n int) *clusterFixture {
 
 // freeLoopbackPorts returns n distinct ports free on 127.0.0.1 a moment ago, all held
 // open together so none repeats.
-func freeLoopbackPorts(t *testing.T, n int) []int {
+func freeLoopbackPorts(t testing.TB, n int) []int {
 	t.Helper()
 	ports := make([]int, n)
 	for i := range ports {
@@ -83,7 +83,7 @@ func freeLoopbackPorts(t *testing.T, n int) []int {
 }
 
 // startNode starts node i from its options, on the ports of its first start.
-func (c *clusterFixture) startNode(t *testing.T, i int) {
+func (c *clusterFixture) startNode(t testing.TB, i int) {
 	t.Helper()
 	nd := c.nodes[i]
 	nd.srv = runServer(t, nd.opts.Clone())
@@ -130,7 +130,7 @@ func (c *clusterFixture) fullRestart(t *testing.T, before func()) {
 
 // awaitHealthy waits until every running node's healthz is ok: JetStream enabled, the
 // meta layer and every stream and consumer it holds a replica of current.
-func (c *clusterFixture) awaitHealthy(t *testing.T) {
+func (c *clusterFixture) awaitHealthy(t testing.TB) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		leader := false
@@ -149,7 +149,7 @@ func (c *clusterFixture) awaitHealthy(t *testing.T) {
 
 // awaitStreamCreatable waits until the cluster takes (and removes) a stream at as many
 // replicas as it has nodes: a meta leader alone does not mean the peers are known.
-func (c *clusterFixture) awaitStreamCreatable(t *testing.T) {
+func (c *clusterFixture) awaitStreamCreatable(t testing.TB) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)

@@ -50,7 +50,7 @@ func newNATSFixture(t *testing.T) *natsFixture {
 }
 
 // runServer starts a server from opts and shuts it down at cleanup.
-func runServer(t *testing.T, opts *server.Options) *server.Server {
+func runServer(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
 	srv, err := server.NewServer(opts)
 	require.NoError(t, err)
@@ -123,7 +123,7 @@ func (s *shape) atReplicas(n int) {
 
 // apply creates the shape on the fixture's server and waits until the history has
 // attached every source it can.
-func (f *natsFixture) apply(t *testing.T, s *shape) {
+func (f *natsFixture) apply(t testing.TB, s *shape) {
 	t.Helper()
 	// Generous: a replicated stream is created through the cluster's meta leader.
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -141,7 +141,7 @@ func (f *natsFixture) apply(t *testing.T, s *shape) {
 
 // awaitSources waits until every existing source of the history is attached, so a
 // correct shape has no transient finding.
-func (f *natsFixture) awaitSources(t *testing.T, history string) {
+func (f *natsFixture) awaitSources(t testing.TB, history string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		st, err := f.admin.Stream(t.Context(), history)

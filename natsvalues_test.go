@@ -51,7 +51,7 @@ type helmValues struct {
 	} `yaml:"promExporter"`
 }
 
-func loadValues(t *testing.T) helmValues {
+func loadValues(t testing.TB) helmValues {
 	t.Helper()
 	data, err := os.ReadFile(shippedValues)
 	require.NoError(t, err)
@@ -88,7 +88,7 @@ func resolvePlaceholders(v any, user string) any {
 }
 
 // parseSize reads a Kubernetes quantity such as "300Gi".
-func parseSize(t *testing.T, s string) int64 {
+func parseSize(t testing.TB, s string) int64 {
 	for suffix, mult := range map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40} {
 		if n, ok := strings.CutSuffix(s, suffix); ok {
 			v, err := strconv.ParseInt(n, 10, 64)
@@ -113,7 +113,7 @@ func newValuesFixture(t *testing.T) *natsFixture {
 
 // valuesOptions are one server's options from the shipped values, with its config
 // file and store in dir, listening on a random loopback port.
-func valuesOptions(t *testing.T, dir string) *server.Options {
+func valuesOptions(t testing.TB, dir string) *server.Options {
 	t.Helper()
 	v := loadValues(t)
 	var conf bytes.Buffer
@@ -131,7 +131,7 @@ func valuesOptions(t *testing.T, dir string) *server.Options {
 }
 
 // connectOperator connects the fixture's operator handle.
-func (f *natsFixture) connectOperator(t *testing.T) {
+func (f *natsFixture) connectOperator(t testing.TB) {
 	t.Helper()
 	f.nc = f.connect(t, operatorUser)
 	var err error
@@ -141,7 +141,7 @@ func (f *natsFixture) connectOperator(t *testing.T) {
 
 // connect connects as user with its test password; the application user gets the
 // inbox prefix its subscribe permission allows.
-func (f *natsFixture) connect(t *testing.T, user string, opts ...nats.Option) *nats.Conn {
+func (f *natsFixture) connect(t testing.TB, user string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	opts = append([]nats.Option{nats.UserInfo(user, password(user)), nats.MaxReconnects(-1),
 		nats.ReconnectWait(50 * time.Millisecond),
@@ -158,7 +158,7 @@ func (f *natsFixture) connect(t *testing.T, user string, opts ...nats.Option) *n
 
 // applyShipped applies the shipped manifests as the operator would, with every stream
 // at replicas, after edits (a test's own choices, such as a short ack wait).
-func (f *natsFixture) applyShipped(t *testing.T, replicas int, edits ...func(*shape)) *shape {
+func (f *natsFixture) applyShipped(t testing.TB, replicas int, edits ...func(*shape)) *shape {
 	t.Helper()
 	data, err := os.ReadFile(shippedManifests)
 	require.NoError(t, err)

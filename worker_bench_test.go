@@ -18,7 +18,7 @@ func BenchmarkConsumeConcurrency(b *testing.B) {
 	payload := make([]byte, benchPayload)
 	for _, n := range []int{1, 4, 16, 64} {
 		b.Run("concurrency="+strconv.Itoa(n), func(b *testing.B) {
-			e := benchBroker(b)
+			e := benchBroker(b, true)
 			ctx := context.Background()
 			ids := make([]TenantID, tenants)
 			for i := range ids {
