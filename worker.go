@@ -163,7 +163,10 @@ func (d *dispatcher) pull(u *unit) error {
 func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	c := d.core
 	cfg := cons.CachedInfo().Config
+	// u is filed already: keepAlive reads its ack wait under d.mu.
+	d.mu.Lock()
 	u.ackWait = cfg.AckWait
+	d.mu.Unlock()
 	opts := []jetstream.PullConsumeOpt{
 		jetstream.PullMaxMessages(d.share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
 		jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) { d.pullError(u, cc, err) }),

@@ -26,8 +26,8 @@ import (
 // holds of it, in sequence order, and then unpinning it; the next owner takes it once
 // a heartbeat shows it released. A member that falls silent for MemberTimeout is gone;
 // its partitions are taken at once when nothing of them is unsettled, or else one ack
-// wait after it fell silent, when every event it held has come back to the server
-// ahead of anything later of its tenants.
+// wait after its last possible delivery, when every event it held has come back to the
+// server ahead of anything later of its tenants.
 
 // beat is one member's heartbeat.
 type beat struct {
@@ -167,7 +167,7 @@ func (g *group) hear(m *nats.Msg) {
 // send publishes this member's heartbeat.
 func (g *group) send(leaving bool) {
 	g.mu.Lock()
-	b := beat{ID: g.self, Name: g.d.core.nc.Opts.Name, Leaving: leaving, Claim: g.d.policy.claim}
+	b := beat{ID: g.self, Name: g.self[len(g.self)-4:], Leaving: leaving, Claim: g.d.policy.claim}
 	for p := range g.owned {
 		b.Owned = append(b.Owned, p)
 	}
@@ -290,8 +290,17 @@ func (g *group) rebalance() {
 }
 
 // settledSince reports whether partition p, orphaned since then, may be taken now:
-// nothing of it is unsettled, or an ack wait has passed, so what the silent member
-// held is back on the server ahead of everything later. It asks the server, bounded.
+// nothing of it is unsettled, or every event the silent member held has come back to
+// the server's redelivery queue, ahead of everything later of its tenants. It asks the
+// server, bounded.
+//
+// since is the silent member's last heartbeat, and it went on pulling after that beat:
+// one ack wait from since is not enough (an event delivered just before it died was
+// then still pending, and the next owner got its tenant's later events first). The
+// bound is one ack wait after its last possible delivery: the member timeout after
+// since on this member's clock, and, where the consumer's leader knows it, the
+// server's own time of its last delivery on the server's clock. redeliverySlack covers
+// the server's timer, which moves expired events to the redelivery queue.
 func (g *group) settledSince(p int, since, now time.Time) bool {
 	c := g.d.core
 	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
@@ -301,8 +310,21 @@ func (g *group) settledSince(p int, since, now time.Time) bool {
 		return false
 	}
 	info := cons.CachedInfo()
-	return info.NumAckPending == 0 || now.Sub(since) > info.Config.AckWait
+	if info.NumAckPending == 0 {
+		return true
+	}
+	wait := info.Config.AckWait + redeliverySlack
+	if now.Sub(since) <= g.timeout+wait {
+		return false
+	}
+	last := info.Delivered.Last
+	return last == nil || info.TimeStamp.Sub(*last) > wait
 }
+
+// redeliverySlack is how long after an event's ack wait ran out the server may take
+// to queue it for redelivery: its pending timer fires at the deadline, and backs off
+// 100 ms while acks are arriving.
+const redeliverySlack = 500 * time.Millisecond
 
 // unpinSilent frees partition p from the pin of the member that fell silent, rather
 // than wait out the durable's pinned TTL (measured: 15 s by default). It is safe

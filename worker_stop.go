@@ -82,12 +82,12 @@ func (d *dispatcher) close() {
 	}
 	d.mu.Unlock()
 	slices.SortFunc(held, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
-	for _, e := range held {
-		_ = e.m.Nak()
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout)
 	defer cancel()
-	_ = d.core.nc.FlushWithContext(ctx)
+	if _, err := d.handBack(ctx, held); err != nil {
+		d.core.log.Debug("mq: cannot hand back what handlers left unsettled; the ack wait redelivers it",
+			"consumer", d.durable, "error", err)
+	}
 }
 
 // unitList is every partition taken, under d.mu.
@@ -181,35 +181,57 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 	// the requests nobody listens to.
 	_ = d.core.nc.FlushWithContext(ctx)
 	cons, infoErr := d.core.js.Consumer(ctx, u.stream, d.durable)
-	held, delayed := d.takeHeld(u)
-	for _, e := range held {
-		var err error
-		if delayed[e] {
-			// Already nak'ed with a delay, which the client will not repeat; a plain
-			// nak on the same delivery puts it back on the server's redelivery queue
-			// now, ahead of its tenant's later events.
-			err = d.core.nc.Publish(e.m.Reply(), []byte("-NAK"))
-		} else {
-			err = e.m.Nak()
-		}
-		if err != nil {
-			d.core.log.Debug("mq: cannot hand back an event; the ack wait redelivers it", "stream", u.stream, "seq", e.seq, "error", err)
-		}
+	held := d.takeHeld(u)
+	if n, err := d.handBack(ctx, held); err != nil {
+		// Not unpinned: the partition waits for the pinned TTL, which gives the
+		// unconfirmed naks time to arrive, or the ack wait to redeliver them, before
+		// the next owner pulls.
+		d.core.log.Info("mq: could not hand back every event of a partition; the ack wait redelivers them",
+			"stream", u.stream, "consumer", d.durable, "handed_back", n, "held", len(held), "error", err)
+		return
 	}
-	_ = d.core.nc.FlushWithContext(ctx)
 	if u.group != "" && infoErr == nil && !d.core.nc.IsClosed() {
 		d.unpin(ctx, u, cons)
 	}
 }
 
-// takeHeld removes everything the worker holds of partition u, in sequence order, and
-// reports which of it was already nak'ed with a delay. What a handler returned
+// handBack puts held back on the server's redelivery queue, in the order given, and
+// returns once the consumer's leader confirmed each, or with how many it confirmed
+// when ctx ends first. A nak sent without waiting can reach the leader after a later
+// unpin (the server runs acks and API requests on different queues), and the next
+// owner would then get its tenant's later events first. An event nak'ed with a delay
+// gets a plain nak on the same delivery: it puts it back now, ahead of its tenant's
+// later events.
+func (d *dispatcher) handBack(ctx context.Context, held []*entry) (int, error) {
+	if len(held) == 0 {
+		return 0, nil
+	}
+	nc := d.core.nc
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for _, e := range held {
+		if err := nc.PublishRequest(e.m.Reply(), inbox, []byte("-NAK")); err != nil {
+			return 0, err
+		}
+	}
+	for n := range held {
+		if _, err := sub.NextMsgWithContext(ctx); err != nil {
+			return n, err
+		}
+	}
+	return len(held), nil
+}
+
+// takeHeld removes everything the worker holds of partition u, in sequence order. What a handler returned
 // without settling stays the host's to settle, until Close (handBackReturned).
-func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
+func (d *dispatcher) takeHeld(u *unit) []*entry {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var held []*entry
-	delayed := map[*entry]bool{}
 	for t, l := range d.lanes {
 		if l.part != u.p {
 			continue
@@ -221,7 +243,6 @@ func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
 		}
 		if l.blocked != nil {
 			held = append(held, l.blocked)
-			delayed[l.blocked] = true
 		}
 		if l.running == nil {
 			delete(d.lanes, t)
@@ -244,7 +265,7 @@ func (d *dispatcher) takeHeld(u *unit) ([]*entry, map[*entry]bool) {
 		delete(d.tries, eventRef{e.part, e.seq}) // the next worker keeps its own count
 	}
 	slices.SortFunc(held, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
-	return held, delayed
+	return held
 }
 
 // unpin lets the server pin u's partition to the next worker now rather than after
