@@ -140,10 +140,13 @@ func runBench(ctx context.Context, e *env, args []string) int {
 
 	data := make([]byte, *payload)
 	phases := benchPhases(broker, raw, topic, data, *events, *batch)
-	fmt.Fprintf(e.stdout, "publishing %d events of %d B under tenant %s, table %s, subject %s (stream %s),\n"+
+	header := fmt.Sprintf("publishing %d events of %d B under tenant %s, table %s, subject %s (stream %s),\n"+
 		"%d callers, batches of %d; the ingest workers consume them like any tenant's\n\n",
 		6**events, *payload, topic.Tenant, benchTable, raw.subject, raw.stream, *callers, *batch)
 	live := isTerminal(e.stdout)
+	if !live {
+		fmt.Fprint(e.stdout, header)
+	}
 	rows := make([]benchRow, 0, len(phases))
 	for _, ph := range phases {
 		rows = append(rows, benchRow{name: ph.name})
@@ -162,12 +165,14 @@ func runBench(ctx context.Context, e *env, args []string) int {
 			into.add(r)
 			if live {
 				var out bytes.Buffer
-				out.WriteString(clearScreen)
+				out.WriteString(clearScreen + header)
 				writeBench(&out, rows)
 				_, _ = e.stdout.Write(out.Bytes())
 			}
 			if err != nil {
-				writeBench(e.stdout, rows)
+				if !live {
+					writeBench(e.stdout, rows)
+				}
 				impl := "raw"
 				if step.mq {
 					impl = "mq"
@@ -195,8 +200,10 @@ func newRawPublisher(ctx context.Context, cfg mq.NATSConfig, topic mq.Topic) (*r
 	if err != nil {
 		return nil, err
 	}
-	// The window of the library's pipelined batches.
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	// The window and the timeout of the library's pipelined batches: without a timeout
+	// a lost answer would hold the run forever.
+	topo := cfg.NATSTopology.WithDefaults()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096), jetstream.WithPublishAsyncTimeout(topo.PublishTimeout))
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -204,7 +211,6 @@ func newRawPublisher(ctx context.Context, cfg mq.NATSConfig, topic mq.Topic) (*r
 	// The ingest subject as the operator's manifests filter it,
 	// <prefix>.ingest.<partition>.<topic key>; the stream is found by subject, as
 	// ExternalNATS finds it, since the operator may name it anything.
-	topo := cfg.NATSTopology.WithDefaults()
 	key, err := topic.Key()
 	if err != nil {
 		nc.Close()
