@@ -193,6 +193,7 @@ func runBench(ctx context.Context, e *env, args []string) int {
 type rawPublisher struct {
 	js              jetstream.JetStream
 	subject, stream string
+	stall           time.Duration // how long PublishAsync waits for room in the window
 }
 
 func newRawPublisher(ctx context.Context, cfg mq.NATSConfig, topic mq.Topic) (*rawPublisher, error) {
@@ -222,7 +223,7 @@ func newRawPublisher(ctx context.Context, cfg mq.NATSConfig, topic mq.Topic) (*r
 		nc.Close()
 		return nil, fmt.Errorf("find the stream of %s: %w", subject, err)
 	}
-	return &rawPublisher{js: js, subject: subject, stream: stream}, nil
+	return &rawPublisher{js: js, subject: subject, stream: stream, stall: topo.PublishTimeout}, nil
 }
 
 // publish is nats.go's synchronous publish, with a message id as the library sends.
@@ -231,11 +232,14 @@ func (p *rawPublisher) publish(ctx context.Context, data []byte) error {
 	return err
 }
 
-// publishAsync sends size events with PublishAsync, then waits for every ack.
+// publishAsync sends size events with PublishAsync, then waits for every ack. A full
+// window is waited on, as the library's pipelined batch waits, so callers x batch
+// above the window slows both alike instead of failing raw.
 func (p *rawPublisher) publishAsync(ctx context.Context, data []byte, size int) error {
 	futures := make([]jetstream.PubAckFuture, size)
 	for i := range futures {
-		f, err := p.js.PublishAsync(p.subject, data, jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(p.stream))
+		f, err := p.js.PublishAsync(p.subject, data, jetstream.WithMsgID(nuid.Next()), jetstream.WithExpectStream(p.stream),
+			jetstream.WithStallWait(p.stall))
 		if err != nil {
 			return err
 		}

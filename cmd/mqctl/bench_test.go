@@ -85,7 +85,10 @@ func TestBenchPrintsEveryPhaseWithRatesAndARatioAndItsEventsArriveOnTheLibrarysS
 	}
 }
 
-func TestBenchRefusesBadArgumentsAndItsHelpSaysTheEventsAreReal(t *testing.T) {
+func TestBenchIsListedRefusesBadArgumentsAndItsHelpSaysTheEventsAreReal(t *testing.T) {
+	if code, stdout, _ := runArgs(t, "help"); code != 0 || !strings.Contains(stdout, "\n  bench  ") {
+		t.Errorf("help does not list bench: exit %d\n%s", code, stdout)
+	}
 	for _, args := range [][]string{
 		{"bench"},
 		{"bench", "-url", "nats://127.0.0.1:1", "-batch", "0"},
