@@ -347,11 +347,32 @@ func (e *ExternalNATS) Close() error {
 // TopologyWait for the connection; a cluster never reached is ErrUnavailable.
 func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
+	nc, err := ConnectNATS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("nats: jetstream: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, cmp.Or(cfg.TopologyWait, defaultTopologyWait))
+	defer cancel()
+	return VerifyNATSTopology(wctx, js, cfg.NATSTopology)
+}
+
+// ConnectNATS dials the cluster with the connection options NewNATS uses (credentials,
+// TLS, inbox prefix, timeouts, reconnects) and waits up to TopologyWait until it is
+// connected; it verifies nothing. It is for a plain nats.go client working beside the
+// library as the same user, such as mqctl bench's baseline. A cluster never reached is
+// ErrUnavailable; the caller closes the connection.
+func ConnectNATS(ctx context.Context, cfg NATSConfig) (*nats.Conn, error) {
+	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	probe := &ExternalNATS{log: cmp.Or(cfg.Logger, slog.Default()), closedCh: make(chan struct{})}
-	probe.closing.Store(true) // a one-shot check has no disconnects worth a warning
+	probe.closing.Store(true) // the broker's handlers would warn on a disconnect nobody watches
 	opts, err := cfg.options(probe)
 	if err != nil {
 		return nil, err
@@ -360,19 +381,16 @@ func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect to %s: %w", ErrUnavailable, redactURLs(cfg.URLs), err)
 	}
-	defer nc.Close()
 	wctx, cancel := context.WithTimeout(ctx, cmp.Or(cfg.TopologyWait, defaultTopologyWait))
 	defer cancel()
 	for !nc.IsConnected() {
 		if sleepCtx(wctx, awaitFirstBackoff) != nil {
-			return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), nc.LastError())
+			lastErr := nc.LastError()
+			nc.Close()
+			return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr)
 		}
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("nats: jetstream: %w", err)
-	}
-	return VerifyNATSTopology(wctx, js, cfg.NATSTopology)
+	return nc, nil
 }
 
 // DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].

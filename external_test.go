@@ -480,3 +480,53 @@ func TestExternalNATS_AnEventOverThePartitionsMessageSizeIsTooLarge(t *testing.T
 	require.ErrorIs(t, err, ErrPayloadTooLarge)
 	assert.NotErrorIs(t, err, ErrQueueFull)
 }
+
+// TestConnectNATS_PublishesAsTheApplicationUserWhomTheDefaultInboxWouldRefuse dials as
+// the restricted user: a raw synchronous publish to the library's ingest subject is
+// answered on the connection ConnectNATS makes, and not on a plain one, whose default
+// inbox the user may not subscribe to: there the event is stored and its answer lost.
+func TestConnectNATS_PublishesAsTheApplicationUserWhomTheDefaultInboxWouldRefuse(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	cfg := f.config(t)
+	subject, _, err := cfg.NATSTopology.WithDefaults().subjects().ingestTopic(Topic{Tenant: "acme", Table: "t"})
+	require.NoError(t, err)
+
+	nc, err := ConnectNATS(t.Context(), cfg)
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	stream, err := js.StreamNameBySubject(testCtx(t), subject)
+	require.NoError(t, err)
+	_, err = js.Publish(testCtx(t), subject, []byte("x"), jetstream.WithExpectStream(stream))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), f.streamMsgs(t, stream))
+
+	plain, err := nats.Connect(strings.Join(cfg.URLs, ","), nats.UserInfo(appUser, password(appUser)),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	require.NoError(t, err)
+	defer plain.Close()
+	pjs, err := jetstream.New(plain)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, err = pjs.Publish(ctx, subject, []byte("y"))
+	require.Error(t, err, "the default inbox is outside the user's subscribe permission")
+	assert.Equal(t, uint64(2), f.streamMsgs(t, stream), "stored, but its answer could not come back")
+}
+
+func TestConnectNATS_AnUnreachableServerIsUnavailableAndBadConfigIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newNATSFixture(t)
+	url := f.srv.ClientURL()
+	f.srv.Shutdown()
+	f.srv.WaitForShutdown()
+	_, err := ConnectNATS(t.Context(), NATSConfig{URLs: []string{url}, TopologyWait: 300 * time.Millisecond, Logger: quietLog})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), url)
+
+	_, err = ConnectNATS(t.Context(), NATSConfig{URLs: []string{"nats://u:secret@127.0.0.1:1"}, Logger: quietLog})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "secret")
+}
