@@ -32,8 +32,8 @@
 // MQTEST_WAIT_SCALE (each 1 when unset): above 1 for a slow broker or machine, below 1
 // to make a failing case fail sooner. About half the cases spend a quiet window
 // proving that nothing more arrives, so the suite's time is mostly waiting: run it
-// with `go test -parallel 16` (the default is GOMAXPROCS), which on two cores makes
-// it about four times faster.
+// with `go test -parallel 16` or more (the default is GOMAXPROCS), which on two cores
+// makes it several times faster.
 //
 // [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
 // propagator for the duration of the run (the trace case needs it) and restores the
