@@ -31,7 +31,7 @@ func TestMemBroker_Conformance(t *testing.T) {
 func memHarness() mqtest.Harness {
 	return mqtest.Harness{
 		New: func(t *testing.T) mq.Broker {
-			b := newMemBroker()
+			b := openMemBroker(newMemStore())
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			for _, tenant := range []mq.TenantID{mqtest.Acme, mqtest.Globex} {
@@ -40,15 +40,24 @@ func memHarness() mqtest.Harness {
 			t.Cleanup(func() { _ = b.Close() })
 			return b
 		},
-		EndDelivery:          func(t *testing.T, b mq.Broker) { memOf(t, b).deleteDurable(mqtest.Durable) },
-		Fill:                 mqtest.FillByPublishing,
-		DeadLetters:          func(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message { return memOf(t, b).parkedOf(tenant) },
+		EndDelivery: func(t *testing.T, b mq.Broker) { memOf(t, b).deleteDurable(mqtest.Durable) },
+		Fill:        mqtest.FillByPublishing,
+		DeadLetters: func(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message { return memOf(t, b).parkedOf(tenant) },
+		// Restart closes the broker and opens another on its store.
+		Restart: func(t *testing.T, b mq.Broker) mq.Broker {
+			m := memOf(t, b)
+			require.NoError(t, m.Close())
+			again := openMemBroker(m.memStore)
+			t.Cleanup(func() { _ = again.Close() })
+			return again
+		},
 		ReservedHeaderPrefix: memReservedPrefix,
 		// Every other flag is false: one handler call at a time, failures redelivered
-		// at once and never parked, a fixed ack wait, no connections, no store.
+		// at once and never parked, a fixed ack wait, no connections.
 		Caps: mqtest.Caps{
 			PerTenantBudget:  true,
 			PurgesAcked:      true,
+			StoresBudgets:    true,
 			DurablesOnDemand: true,
 		},
 	}
@@ -72,9 +81,10 @@ type memWrongDeclaration struct {
 	names   string
 }
 
-// memWrongDeclarations flips each flag the in-memory broker can be checked on (all
-// but StoresBudgets, which needs Restart) and its reserved prefix both ways.
+// memWrongDeclarations flips each flag and the reserved prefix both ways.
 var memWrongDeclarations = map[string]memWrongDeclaration{
+	"StoresBudgets": {func(h *mqtest.Harness) { h.Caps.StoresBudgets = false },
+		"ARestartKeepsDeadLettersAndBudgetsWhereTheBrokerStoresThem", "Caps.StoresBudgets"},
 	"PerTenantBudget": {func(h *mqtest.Harness) { h.Caps.PerTenantBudget = false },
 		"BudgetIsEnforcedExactlyWhenPerTenantBudgetIsDeclared", "Caps.PerTenantBudget"},
 	"PurgesAcked": {func(h *mqtest.Harness) { h.Caps.PurgesAcked = false },

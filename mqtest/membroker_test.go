@@ -25,11 +25,21 @@ import (
 // durable has not acknowledged; any durable name is a consumer group of its own, made
 // on first use, with a fixed 30 s ack wait; a Consume calls its handler one call at a
 // time, tenants in turn; a failed event is redelivered at once, never parked; it has
-// no connections and no store, so nothing survives Close.
+// no connections; its store (memStore) is memory that a restart (Harness.Restart)
+// opens again, budgets included.
 type memBroker struct {
-	mu     sync.Mutex
-	closed bool
-	quit   chan struct{} // closed by Close
+	*memStore
+	closed   bool          // under mu
+	quit     chan struct{} // closed by Close
+	consumes map[*memConsume]bool
+	subs     map[*memSub]bool
+	stats    mq.Stats
+}
+
+// memStore is what a restart keeps: every event, durable, budget and park. Its mutex
+// guards the brokers opened on it too.
+type memStore struct {
+	mu sync.Mutex
 
 	log   []*memEvent // stored events, in publish order
 	seq   uint64
@@ -39,14 +49,11 @@ type memBroker struct {
 	budgets map[mq.TenantID]int64
 	used    map[mq.TenantID]int64 // bytes not yet acknowledged by the ingest durable
 
-	groups   map[string]*memGroup
-	consumes map[*memConsume]bool
-	subs     map[*memSub]bool
+	groups map[string]*memGroup
 
 	parked   []*memEvent
 	parkKeys map[string]bool
-
-	stats mq.Stats
+	parkSeq  uint64
 }
 
 // memEvent is one stored (or parked) event.
@@ -72,19 +79,25 @@ const (
 	memAckWait = 30 * time.Second
 )
 
-func newMemBroker() *memBroker {
-	b := &memBroker{
-		quit:     make(chan struct{}),
+func newMemStore() *memStore {
+	return &memStore{
 		keys:     map[string]bool{},
 		budgets:  map[mq.TenantID]int64{},
 		used:     map[mq.TenantID]int64{},
-		groups:   map[string]*memGroup{},
-		consumes: map[*memConsume]bool{},
-		subs:     map[*memSub]bool{},
+		groups:   map[string]*memGroup{mq.WorkerDurable: newMemGroup(mq.WorkerDurable)},
 		parkKeys: map[string]bool{},
 	}
-	b.groups[mq.WorkerDurable] = newMemGroup(mq.WorkerDurable)
-	return b
+}
+
+// openMemBroker opens a broker on store, as a process does on its store after a
+// restart: what was delivered and not settled stays so until its ack wait runs out.
+func openMemBroker(store *memStore) *memBroker {
+	return &memBroker{
+		memStore: store,
+		quit:     make(chan struct{}),
+		consumes: map[*memConsume]bool{},
+		subs:     map[*memSub]bool{},
+	}
 }
 
 var _ mq.Broker = (*memBroker)(nil)
