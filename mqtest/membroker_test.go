@@ -164,8 +164,7 @@ func carriable(name, value string) error {
 		return fmt.Errorf("an empty header name: %w", mq.ErrInvalidHeader)
 	}
 	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+		if !isTokenByte(name[i]) {
 			return fmt.Errorf("header name %q is not a token: %w", name, mq.ErrInvalidHeader)
 		}
 	}
@@ -173,6 +172,11 @@ func carriable(name, value string) error {
 		return fmt.Errorf("header %q: value %q has a line break or an outer blank: %w", name, value, mq.ErrInvalidHeader)
 	}
 	return nil
+}
+
+// isTokenByte reports whether c may appear in an HTTP token (RFC 7230).
+func isTokenByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // memCarrier lets the OpenTelemetry propagator read and write Headers with exact keys.

@@ -290,7 +290,7 @@ func Run(t *testing.T, h Harness) {
 	}
 	scale, err := h.waitScale()
 	if err != nil {
-		t.Fatalf("mqtest: %v", err)
+		t.Fatal(err)
 	}
 	prev := otel.GetTextMapPropagator()
 	otel.SetTextMapPropagator(propagation.TraceContext{})
@@ -324,12 +324,12 @@ func (h Harness) waitScale() (float64, error) {
 	case scale == 0:
 		scale = 1
 	case scale < 0 || math.IsNaN(scale) || math.IsInf(scale, 0):
-		return 0, fmt.Errorf("Harness.WaitScale is %v; want a positive factor, or 0 for 1", h.WaitScale)
+		return 0, fmt.Errorf("mqtest: Harness.WaitScale is %v; want a positive factor, or 0 for 1", h.WaitScale)
 	}
 	if v, ok := os.LookupEnv(waitScaleEnv); ok && v != "" {
 		env, err := strconv.ParseFloat(v, 64)
 		if err != nil || env <= 0 || math.IsInf(env, 0) {
-			return 0, fmt.Errorf("%s is %q; want a positive factor such as 2 or 0.5", waitScaleEnv, v)
+			return 0, fmt.Errorf("mqtest: %s is %q; want a positive factor such as 2 or 0.5", waitScaleEnv, v)
 		}
 		scale *= env
 	}
