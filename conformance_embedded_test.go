@@ -3,9 +3,7 @@
 package mq_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -38,7 +36,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			return e
 		},
 		EndDelivery: deleteIngestDurables,
-		Fill:        fillTenantBudget,
+		Fill:        mqtest.FillByPublishing,
 		DeadLetters: parkedMessages,
 		// Restart closes the broker and opens its store again, as a host's deploy does.
 		Restart: func(t *testing.T, b mq.Broker) mq.Broker {
@@ -53,7 +51,9 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			mu.Unlock()
 			return e
 		},
+		ReservedHeaderPrefix: "Nats-",
 		Caps: mqtest.Caps{
+			StatsConnections:   true,
 			PerTenantBudget:    true,
 			PurgesAcked:        true,
 			UnbudgetedNotFound: true,
@@ -124,37 +124,6 @@ func deleteIngestDurables(t *testing.T, b mq.Broker) {
 	for p := range topo.Partitions {
 		require.NoError(t, js.DeleteConsumer(ctx, topo.PartitionStream(p), topo.IngestConsumer),
 			"delete %s on %s", topo.IngestConsumer, topo.PartitionStream(p))
-	}
-}
-
-// fillTenantBudget shrinks tenant's budget to 4 KiB and publishes until it is refused,
-// first 1 KiB events, then 1-byte ones, so that no later event of any size fits.
-func fillTenantBudget(t *testing.T, b mq.Broker, tenant mq.TenantID) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	require.NoError(t, b.SetMaxBytes(ctx, tenant, 4096))
-	fillUntilFull(t, b, tenant)
-}
-
-// fillUntilFull publishes 1 KiB events for tenant until refused, then 1-byte ones, so
-// that no later event of any size fits.
-func fillUntilFull(t *testing.T, b mq.Broker, tenant mq.TenantID) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	topic := mq.Topic{Tenant: tenant, Table: "fill"}
-	for _, size := range []int{1024, 1} {
-		filled := false
-		for range 1024 {
-			err := b.Publish(ctx, topic, bytes.Repeat([]byte("f"), size))
-			if errors.Is(err, mq.ErrQueueFull) {
-				filled = true
-				break
-			}
-			require.NoError(t, err, "fill %s with %d-byte events", tenant, size)
-		}
-		require.True(t, filled, "%s never filled with %d-byte events", tenant, size)
 	}
 }
 

@@ -57,14 +57,18 @@ func TestExternalNATS_Conformance(t *testing.T) {
 			t.Cleanup(func() { mu.Lock(); delete(fixtures, e); mu.Unlock() })
 			return e
 		},
+		// Budgets are not enforced here, so Fill shrinks the tenant's partition first;
+		// FillByPublishing then fills it with the smallest event.
 		Fill: func(t *testing.T, b mq.Broker, tenant mq.TenantID) {
 			fixtureOf(t, b).ShrinkPartitionOf(t, tenant, 4096)
-			fillUntilFull(t, b, tenant)
+			mqtest.FillByPublishing(t, b, tenant)
 		},
 		// Read as the restricted user, through the public DeadLetterManager.
 		DeadLetters: parkedMessages,
 		// Every flag about the operator's durable and retention stays false.
+		ReservedHeaderPrefix: "Nats-",
 		Caps: mqtest.Caps{
+			StatsConnections:  true,
 			RetryPolicy:       true,
 			ConcurrentTenants: true,
 			HandsBackOnStop:   true,

@@ -87,15 +87,15 @@ func budgetEnforcedPerCaps(t *testing.T, h Harness) {
 		if err == nil {
 			continue
 		}
-		require.ErrorIs(t, err, mq.ErrQueueFull, "event %d over a 4 KiB budget", i)
+		require.ErrorIs(t, err, mq.ErrQueueFull, "Caps.PerTenantBudget: event %d over a 4 KiB budget", i)
 		refused = i
 		break
 	}
 	require.GreaterOrEqual(t, refused, 1, "Caps.PerTenantBudget: a 4 KiB budget took %d KiB, or refused the first 1 KiB", 64)
-	require.LessOrEqual(t, refused, 4, "a 4 KiB budget took %d events of 1 KiB", refused)
-	assert.ErrorIs(t, e.publishBytes(tp, 1<<10, 0), mq.ErrQueueFull, "the full tenant again")
+	require.LessOrEqual(t, refused, 4, "Caps.PerTenantBudget: a 4 KiB budget took %d events of 1 KiB", refused)
+	assert.ErrorIs(t, e.publishBytes(tp, 1<<10, 0), mq.ErrQueueFull, "Caps.PerTenantBudget: the full tenant again")
 	for i := range 8 {
-		assert.NoError(t, e.publishBytes(topic(Globex, "budget", ""), 1<<10, i), "globex while acme is full")
+		assert.NoError(t, e.publishBytes(topic(Globex, "budget", ""), 1<<10, i), "Caps.PerTenantBudget: globex while acme is full")
 	}
 }
 
@@ -126,7 +126,7 @@ func queueFull(t *testing.T, h Harness) {
 	err := e.b.Publish(e.ctx, topic(Acme, "t", ""), []byte("x"))
 	assert.ErrorIs(t, err, mq.ErrQueueFull)
 	if h.Caps.PerTenantBudget {
-		assert.NoError(t, e.b.Publish(e.ctx, topic(Globex, "t", ""), []byte("x")), "globex while acme is full")
+		assert.NoError(t, e.b.Publish(e.ctx, topic(Globex, "t", ""), []byte("x")), "Caps.PerTenantBudget: globex while acme is full")
 	}
 }
 
@@ -158,7 +158,7 @@ func fullQueueIsolation(t *testing.T, h Harness) {
 				globex = append(globex, d.data)
 			}
 		case <-deadline:
-			t.Fatalf("globex got %d of 20 events within %s", len(globex), wait)
+			t.Fatalf("Caps.PerTenantBudget: globex got %d of 20 events within %s while acme was full", len(globex), wait)
 		}
 	}
 	assert.Equal(t, seq("", 20), globex)
@@ -187,12 +187,17 @@ func fullQueueRecovers(t *testing.T, h Harness) {
 	}
 }
 
-// stats: Stats answers and counts the broker's own connection.
+// stats: Stats answers and, with Caps.StatsConnections, counts the broker's own
+// connection; without it Connections is 0.
 func stats(t *testing.T, h Harness) {
 	e := setup(t, h)
 	s, err := e.b.Stats()
 	require.NoError(t, err)
-	assert.GreaterOrEqual(t, s.Connections, int64(1), "connections")
+	if h.Caps.StatsConnections {
+		assert.GreaterOrEqual(t, s.Connections, int64(1), "Caps.StatsConnections is true, but Stats.Connections is %d", s.Connections)
+	} else {
+		assert.Zero(t, s.Connections, "Caps.StatsConnections is false, but Stats.Connections is %d", s.Connections)
+	}
 	for name, v := range map[string]int64{"InMsgs": s.InMsgs, "InBytes": s.InBytes, "OutMsgs": s.OutMsgs, "OutBytes": s.OutBytes} {
 		assert.GreaterOrEqual(t, v, int64(0), name)
 	}

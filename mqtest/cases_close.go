@@ -14,8 +14,8 @@ import (
 
 func deliveryEndCases() []testCase {
 	return []testCase{
-		{"FailedOnceWhenDeliveryEnds", always, failedOnceWhenDeliveryEnds},
-		{"FailedNeverAfterStop", always, failedNeverAfterStop},
+		{"FailedOnceWhenDeliveryEnds", needEndDelivery, failedOnceWhenDeliveryEnds},
+		{"FailedNeverAfterStop", needEndDelivery, failedNeverAfterStop},
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 
 func healthCases() []testCase {
 	return []testCase{
-		{"HealthReportsAnEndedConsumeUntilStoppedAndErrClosedAfterClose", always, healthFollowsDelivery},
+		{"HealthReportsAnEndedConsumeUntilStoppedAndErrClosedAfterClose", needEndDelivery, healthFollowsDelivery},
 	}
 }
 

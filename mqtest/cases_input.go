@@ -23,7 +23,7 @@ func inputCases() []testCase {
 		{"RefusesAReservedHeaderAndStoresNothing", always, refusesAReservedHeader},
 		{"RefusesAHeaderItCannotDeliverAsGivenAndKeepsEveryOther", always, refusesAnUncarriableHeader},
 		{"PublishWithADoneContextReturnsTheContextsError", always, publishWithADoneContext},
-		{"CreateConsumerRefusesAnUnknownDurable", always, createConsumerRefusesAnUnknownDurable},
+		{"CreateConsumerRefusesAnUnknownDurableUnlessDurablesOnDemand", always, createConsumerRefusesAnUnknownDurable},
 	}
 }
 
@@ -168,19 +168,48 @@ func refusesATooLargePayload(t *testing.T, h Harness) {
 	assert.Len(t, history, 2, "the history holds the 256 KiB event and the fence only")
 }
 
-// refusesAReservedHeader: a header option starting with "Nats-" is ErrInvalidHeader and
-// nothing is stored; the idempotency key is the broker's own and is accepted.
+// reservedSuffixes make the reserved-looking header names the suite tries: the NATS
+// brokers' own Nats-Rollup, Nats-Expected-Stream and Nats-TTL, under each prefix.
+var reservedSuffixes = []string{"Rollup", "Expected-Stream", "TTL"}
+
+// reservedLookalikes are prefixes of header names some broker reserves; under any
+// other Harness.ReservedHeaderPrefix they are ordinary names.
+var reservedLookalikes = []string{"Nats-", "Mem-", "X-Reserved-"}
+
+// refusesAReservedHeader: a header option with Harness.ReservedHeaderPrefix (in any
+// case) is ErrInvalidHeader and nothing is stored; headers with another broker's
+// reserved prefix reach the hub exactly; the idempotency key is every broker's own and
+// is accepted.
 func refusesAReservedHeader(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "hdr", "")
 	hub := e.subscribe("reserved")
-	for _, key := range []string{"Nats-Rollup", "Nats-Expected-Stream", "Nats-TTL"} {
-		err := e.b.Publish(e.ctx, tp, []byte("x"), mq.WithHeader(key, "all"))
-		require.Error(t, err, "publish with header %s", key)
-		assert.ErrorIs(t, err, mq.ErrInvalidHeader, "publish with header %s", key)
-		assert.NotErrorIs(t, err, mq.ErrQueueFull)
+	prefix := h.ReservedHeaderPrefix
+	if prefix != "" {
+		for _, key := range []string{prefix + reservedSuffixes[0], prefix + reservedSuffixes[1], strings.ToLower(prefix + reservedSuffixes[2])} {
+			err := e.b.Publish(e.ctx, tp, []byte("x"), mq.WithHeader(key, "all"))
+			require.Error(t, err, "Harness.ReservedHeaderPrefix is %q, but Publish accepted header %s", prefix, key)
+			assert.ErrorIs(t, err, mq.ErrInvalidHeader, "publish with header %s", key)
+			assert.NotErrorIs(t, err, mq.ErrQueueFull)
+		}
+		e.fenceAfterRefusals(hub)
 	}
-	e.fenceAfterRefusals(hub)
+	want := mq.Headers{}
+	var opts []mq.PublishOpt
+	for _, other := range reservedLookalikes {
+		if prefix != "" && strings.HasPrefix(strings.ToLower(other), strings.ToLower(prefix)) {
+			continue
+		}
+		for _, suffix := range reservedSuffixes {
+			want.Add(other+suffix, "all")
+			opts = append(opts, mq.WithHeader(other+suffix, "all"))
+		}
+	}
+	require.NoError(t, e.b.Publish(e.ctx, tp, []byte("lookalikes"), opts...),
+		"Harness.ReservedHeaderPrefix is %q, but Publish refused headers outside it: %v", prefix, want)
+	got := next(t, hub, 1)[0]
+	assert.Equal(t, "lookalikes", got.data)
+	assert.Equal(t, want, got.msg.Headers, "headers outside Harness.ReservedHeaderPrefix %q, on the hub", prefix)
 	e.publish(tp, "keyed", mq.WithIdempotencyKey("k"))
 	assert.Equal(t, "keyed", next(t, hub, 1)[0].data)
 }
@@ -250,13 +279,27 @@ func publishWithADoneContext(t *testing.T, h Harness) {
 	e.publish(tp, "live")
 }
 
-// createConsumerRefusesAnUnknownDurable: a durable name the broker cannot map is
-// ErrConsumerNotFound; the worker's name is not.
+// createConsumerRefusesAnUnknownDurable: without Caps.DurablesOnDemand, a durable name
+// the broker cannot map is ErrConsumerNotFound; with it, each such name is a consumer
+// group of its own that gets every stored event. The worker's name is never refused.
 func createConsumerRefusesAnUnknownDurable(t *testing.T, h Harness) {
 	e := setup(t, h)
-	for _, name := range []string{"no-such-consumer", "buffer-consumer-2", "BUFFER-CONSUMER"} {
-		_, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: name})
-		assert.ErrorIs(t, err, mq.ErrConsumerNotFound, "durable %q", name)
+	names := []string{"no-such-consumer", "buffer-consumer-2", "BUFFER-CONSUMER"}
+	if !h.Caps.DurablesOnDemand {
+		for _, name := range names {
+			_, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: name})
+			assert.ErrorIs(t, err, mq.ErrConsumerNotFound,
+				"Caps.DurablesOnDemand is false, but CreateConsumer did not refuse durable %q as not found", name)
+		}
+	} else {
+		e.publish(topic(Acme, "t", ""), "stored")
+		for _, name := range names {
+			_, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: name})
+			require.NoError(t, err, "Caps.DurablesOnDemand is true, but CreateConsumer refused durable %q", name)
+			c := e.consume(mq.ConsumerConfig{Durable: name}, e.ackEach)
+			assert.Equal(t, []string{"stored"}, datas(next(t, c.deliveries, 1)), "durable %q made on demand", name)
+			c.stop()
+		}
 	}
 	c, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
 	require.NoError(t, err)

@@ -208,13 +208,14 @@ func publishedHeaders() []mq.PublishOpt {
 	}
 }
 
-func assertPublishedHeaders(t *testing.T, path string, got mq.Headers) {
+func assertPublishedHeaders(t *testing.T, h Harness, path string, got mq.Headers) {
 	t.Helper()
 	assert.Equal(t, []string{"Upper"}, got["X-Case"], "%s: X-Case", path)
 	assert.Equal(t, []string{"lower"}, got["x-case"], "%s: x-case (keys are exact)", path)
 	assert.Equal(t, []string{"1", "2"}, got["X-Multi"], "%s: X-Multi (repeated keys append)", path)
 	assert.Equal(t, []string{"välue: with spaces"}, got["X-Value"], "%s: X-Value", path)
-	assert.Empty(t, hasReservedHeader(got), "%s: the broker's own bookkeeping header leaked: %v", path, got)
+	assert.Empty(t, h.reservedHeaderIn(got), "%s: the broker's own bookkeeping header leaked (Harness.ReservedHeaderPrefix %q): %v",
+		path, h.ReservedHeaderPrefix, got)
 }
 
 // headersRoundTripToConsume: option headers reach the worker exactly as published.
@@ -226,12 +227,13 @@ func headersRoundTripToConsume(t *testing.T, h Harness) {
 	for _, d := range next(t, c.deliveries, 2) {
 		switch d.data {
 		case "with headers":
-			assertPublishedHeaders(t, "consume", d.msg.Headers)
+			assertPublishedHeaders(t, h, "consume", d.msg.Headers)
 		default:
 			for _, k := range []string{"X-Case", "x-case", "X-Multi"} {
 				assert.NotContains(t, d.msg.Headers, k, "headers leaked across events")
 			}
-			assert.Empty(t, hasReservedHeader(d.msg.Headers), "bookkeeping header leaked: %v", d.msg.Headers)
+			assert.Empty(t, h.reservedHeaderIn(d.msg.Headers), "bookkeeping header leaked (Harness.ReservedHeaderPrefix %q): %v",
+				h.ReservedHeaderPrefix, d.msg.Headers)
 		}
 	}
 }
@@ -244,7 +246,7 @@ func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 	e.publish(tp, "with headers", publishedHeaders()...)
 	d := next(t, hub, 1)[0]
 	assert.Equal(t, "with headers", d.data)
-	assertPublishedHeaders(t, "subscribe", d.msg.Headers)
+	assertPublishedHeaders(t, h, "subscribe", d.msg.Headers)
 
 	e.replayReaches(tp, 1)
 	var got []*mq.Message
@@ -253,7 +255,7 @@ func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 		return true
 	}))
 	require.Len(t, got, 1)
-	assertPublishedHeaders(t, "replay", got[0].Headers)
+	assertPublishedHeaders(t, h, "replay", got[0].Headers)
 }
 
 // emptyPayloadRoundTrips: an event with no data is stored and delivered with no data.

@@ -118,7 +118,7 @@ func restartRedeliversUnsettled(t *testing.T, h Harness) {
 			want = append(want, fmt.Sprint(i))
 		}
 	}
-	got := datas(next(t, d.deliveries, len(want)))
+	got := datas(nextBecause(t, d.deliveries, len(want), fmt.Sprintf("Caps.AckWaitRedelivers %v", h.Caps.AckWaitRedelivers)))
 	assert.ElementsMatch(t, want, got, "every unacknowledged event after the restart, each once")
 	for _, g := range got {
 		var i int
@@ -147,9 +147,9 @@ func restartKeepsDeadLettersAndBudgets(t *testing.T, h Harness) {
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), counts.Total, "globex's parked events after two restarts")
 	if h.Caps.StoresBudgets {
-		assert.Equal(t, int64(40<<20), e.b.MaxBytes(Acme), "StoresBudgets is declared: the budget after two restarts")
+		assert.Equal(t, int64(40<<20), e.b.MaxBytes(Acme), "Caps.StoresBudgets is true, but the budget is gone after two restarts")
 	} else {
-		assert.Zero(t, e.b.MaxBytes(Acme), "StoresBudgets is not declared, yet a budget survived the restart")
+		assert.Zero(t, e.b.MaxBytes(Acme), "Caps.StoresBudgets is false, yet a budget survived the restart")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/wavehouse/mq"
 )
@@ -38,7 +39,11 @@ func twoConsumesShareTheDurable(t *testing.T, h Harness) {
 	handleA, callsA := e.recorded(e.ackEach)
 	handleB, callsB := e.recorded(e.ackEach)
 	a := e.consume(mq.ConsumerConfig{}, handleA)
-	e.consume(mq.ConsumerConfig{}, handleB)
+	cb, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
+	require.NoError(t, err, "create a second consumer of %s", Durable)
+	stopB, _, err := cb.Consume(handleB, 16)
+	require.NoError(t, err, "Caps.SharedConsumers is true, but a second Consume of a running durable was refused")
+	t.Cleanup(stopB)
 
 	const per = 3
 	rounds := 0

@@ -64,10 +64,10 @@ func stopHandsBackWhatWaited(t *testing.T, h Harness) {
 
 	second := e.consume(cfg, e.ackEach)
 	if !h.Caps.HandsBackOnStop {
-		none(t, second.deliveries)
+		noneBecause(t, second.deliveries, quiet, "Caps.HandsBackOnStop is false: the held events wait for their hour")
 		return
 	}
-	got := next(t, second.deliveries, 5)
+	got := nextBecause(t, second.deliveries, 5, "Caps.HandsBackOnStop is true: stop hands back what waited")
 	byT := byTenant(got)
 	assert.Equal(t, []string{"failed", "after-1", "after-2"}, byT[Acme], "Caps.HandsBackOnStop: acme, at once, in order")
 	assert.Equal(t, []string{"nak'ed", "after"}, byT[Globex], "Caps.HandsBackOnStop: globex, at once, in order")

@@ -198,7 +198,17 @@ func (e *env) subscribeCtx(ctx context.Context, name string) <-chan delivery {
 // next collects exactly n deliveries, failing if wait passes without a new one.
 func next(t *testing.T, ch <-chan delivery, n int) []delivery {
 	t.Helper()
-	return collect(t, ch, fmt.Sprintf("%d deliveries", n), func(got []delivery) bool { return len(got) >= n }, nil)
+	return nextBecause(t, ch, n, "")
+}
+
+// nextBecause is next whose failure says why the deliveries were due (a flag, say).
+func nextBecause(t *testing.T, ch <-chan delivery, n int, why string) []delivery {
+	t.Helper()
+	what := fmt.Sprintf("%d deliveries", n)
+	if why != "" {
+		what += " (" + why + ")"
+	}
+	return collect(t, ch, what, func(got []delivery) bool { return len(got) >= n }, nil)
 }
 
 // nextUntil collects deliveries until done holds for them, failing if wait passes
@@ -238,8 +248,17 @@ func none(t *testing.T, ch <-chan delivery) {
 
 func noneFor(t *testing.T, ch <-chan delivery, d time.Duration) {
 	t.Helper()
+	noneBecause(t, ch, d, "")
+}
+
+// noneBecause is noneFor whose failure says why nothing was due (a flag, say).
+func noneBecause(t *testing.T, ch <-chan delivery, d time.Duration, why string) {
+	t.Helper()
 	select {
 	case got := <-ch:
+		if why != "" {
+			t.Fatalf("%s, yet %q was delivered on %s within %s", why, got.data, got.msg.TopicKey(), d)
+		}
 		t.Fatalf("unexpected delivery %q on %s within %s", got.data, got.msg.TopicKey(), d)
 	case <-time.After(d):
 	}
@@ -431,11 +450,13 @@ func isContextErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// hasReservedHeader returns the first header of h whose key starts with "Nats-" in any
-// case, or "".
-func hasReservedHeader(h mq.Headers) string {
-	for k := range h {
-		if strings.HasPrefix(strings.ToLower(k), "nats-") {
+// reservedHeaderIn returns the first header of hd that a delivery must not carry, or "":
+// one with the harness's ReservedHeaderPrefix (in any case), or the idempotency key,
+// which a delivery gives as Message.ID.
+func (h Harness) reservedHeaderIn(hd mq.Headers) string {
+	prefix := strings.ToLower(h.ReservedHeaderPrefix)
+	for k := range hd {
+		if prefix != "" && strings.HasPrefix(strings.ToLower(k), prefix) || strings.EqualFold(k, mq.HeaderIdempotencyKey) {
 			return k
 		}
 	}

@@ -5,11 +5,12 @@
 //
 //	func TestMyBroker_Conformance(t *testing.T) {
 //		mqtest.Run(t, mqtest.Harness{
-//			New:         newBroker,       // a fresh, isolated broker per case
-//			EndDelivery: deleteDurable,   // end delivery of mqtest.Durable from outside
-//			Fill:        fillTenant,      // make the tenant's next Publish ErrQueueFull
-//			DeadLetters: readParked,      // optional: read parked events back
-//			Caps:        mqtest.Caps{PerTenantBudget: true /* ... */},
+//			New:                  newBroker,                // required: a fresh, isolated broker per case
+//			EndDelivery:          deleteDurable,            // optional: end delivery of mqtest.Durable from outside
+//			Fill:                 mqtest.FillByPublishing,  // optional: make the tenant's next Publish ErrQueueFull
+//			DeadLetters:          readParked,               // optional: read parked events back
+//			ReservedHeaderPrefix: "My-",                    // the header names the broker keeps for itself
+//			Caps:                 mqtest.Caps{PerTenantBudget: true /* ... */},
 //		})
 //	}
 //
@@ -27,6 +28,13 @@
 // happen is watched for 300 ms. No case asserts how fast anything is; a delay the case
 // configured (a RetryDelay) is checked only as a lower bound between two calls.
 //
+// Both windows scale by [Harness.WaitScale] times the environment variable
+// MQTEST_WAIT_SCALE (each 1 when unset): above 1 for a slow broker or machine, below 1
+// to make a failing case fail sooner. About half the cases spend a quiet window
+// proving that nothing more arrives, so the suite's time is mostly waiting: run it
+// with `go test -parallel 16` or more (the default is GOMAXPROCS), which on two cores
+// makes it several times faster.
+//
 // [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
 // propagator for the duration of the run (the trace case needs it) and restores the
 // previous one afterwards. Because that is global state, Run must not be called from a
@@ -34,6 +42,10 @@
 package mqtest
 
 import (
+	"fmt"
+	"math"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -55,48 +67,82 @@ const (
 const Durable = mq.WorkerDurable
 
 // Timing. wait bounds every wait for something that should happen; quiet is how long a
-// case watches for something that must not.
+// case watches for something that must not. Both are the base windows scaled by the
+// harness and MQTEST_WAIT_SCALE: Run sets them for its run, as it sets the propagator,
+// and restores them afterwards.
+var (
+	wait  = baseWait
+	quiet = baseQuiet
+)
+
 const (
-	wait  = 5 * time.Second
-	quiet = 300 * time.Millisecond
+	baseWait  = 5 * time.Second
+	baseQuiet = 300 * time.Millisecond
+	// waitScaleEnv names the environment variable that scales wait and quiet.
+	waitScaleEnv = "MQTEST_WAIT_SCALE"
 	// poll is the pause between two attempts of an eventual check.
 	poll = 20 * time.Millisecond
 	// defaultTooLarge is the payload size refused when Harness.TooLarge is 0.
 	defaultTooLarge = 8 << 20
 )
 
-// Harness is what a broker provides to the suite.
+// Harness is what a broker provides to the suite. Only New is required.
 type Harness struct {
 	// New returns a fresh, isolated broker, with Acme and Globex able to publish and
 	// budgeted (64 MiB each) as production would. It registers the broker's cleanup on
 	// t; that cleanup must tolerate a broker the case already closed.
+	//
+	// Required: Run fails without it.
 	New func(t *testing.T) mq.Broker
 
 	// EndDelivery ends delivery of Durable underneath a running consumer, from outside,
 	// as an operator or the network could: delete the durable, or lose the connection
 	// for good. The consumer must then report once on its failed channel.
+	//
+	// Optional: nil skips the cases that end delivery from outside, with the reason
+	// "Harness.EndDelivery is nil".
 	EndDelivery func(t *testing.T, b mq.Broker)
 
-	// Fill makes the next Publish for tenant fail with mq.ErrQueueFull, for example by
-	// shrinking its budget or its queue to a few KiB and publishing until refused. A
-	// nil Fill skips the cases that need it.
+	// Fill makes the next Publish for tenant of any event, the smallest included (no
+	// data, table "t", no scope, no header), fail with mq.ErrQueueFull. A broker that
+	// enforces SetMaxBytes passes [FillByPublishing]; one that does not shrinks its
+	// queue first and then calls FillByPublishing.
+	//
+	// Optional: nil skips the cases that need a full tenant.
 	Fill func(t *testing.T, b mq.Broker, tenant mq.TenantID)
 
-	// DeadLetters, if not nil, reads tenant's parked events back, in the order they
-	// were parked: Data, Headers (as DeadLetter stored them) and TopicKey. A nil
-	// DeadLetters skips only the assertions on parked contents; the counts are always
-	// checked.
+	// DeadLetters reads tenant's parked events back, in the order they were parked:
+	// Data, Headers (as DeadLetter stored them) and TopicKey.
+	//
+	// Optional: nil skips only the assertions on parked contents; the counts are
+	// always checked.
 	DeadLetters func(t *testing.T, b mq.Broker, tenant mq.TenantID) []*mq.Message
 
-	// Restart, if not nil, closes b as a host does at a deploy and returns a broker
-	// opened again on the same store: the same directory for an embedded broker; for a
-	// client of an external server, a new client after the server itself restarted.
-	// A nil Restart skips the restart cases.
+	// Restart closes b as a host does at a deploy and returns a broker opened again on
+	// the same store: the same directory for an embedded broker; for a client of an
+	// external server, a new client after the server itself restarted.
+	//
+	// Optional: nil skips the restart cases.
 	Restart func(t *testing.T, b mq.Broker) mq.Broker
 
 	// TooLarge is a payload size in bytes the broker refuses with mq.ErrPayloadTooLarge.
 	// Zero means 8 MiB.
 	TooLarge int
+
+	// ReservedHeaderPrefix is the prefix of the header names the broker keeps for
+	// itself ("Nats-" for the NATS brokers), matched in any case. The suite checks
+	// that Publish and DeadLetter refuse an option header with it with
+	// mq.ErrInvalidHeader, that no delivered Message.Headers carries one, and that
+	// headers outside it, NATS-like names included when the prefix is another,
+	// round-trip. Empty: the broker reserves no names, and those NATS-like names
+	// round-trip too. mq.HeaderIdempotencyKey is the caller's way to set an
+	// idempotency key on every broker, never a delivered header.
+	ReservedHeaderPrefix string
+
+	// WaitScale multiplies the suite's windows: the 5 s bound on waiting for something
+	// that should happen and the 300 ms of watching for something that must not.
+	// Zero means 1; MQTEST_WAIT_SCALE, when set, multiplies it again.
+	WaitScale float64
 
 	// Caps declares where this broker legitimately differs from others.
 	Caps Caps
@@ -163,6 +209,18 @@ type Caps struct {
 	// False: a durable has one Consume at a time, and a second one while the first
 	// runs is refused with an error.
 	SharedConsumers bool
+
+	// DurablesOnDemand: CreateConsumer creates a consumer group for any durable name it
+	// was never given, with every stored event to deliver, as a broker whose consumer
+	// groups are made on first use does; PurgeAcked still refuses a name no
+	// CreateConsumer made. False: it knows only mq's names for the ingest durable
+	// (Durable, "") and refuses any other with mq.ErrConsumerNotFound.
+	DurablesOnDemand bool
+
+	// StatsConnections: Stats.Connections counts the broker's live client connections,
+	// at least 1 while it runs. False: the broker has no connections, and
+	// Stats.Connections is always 0.
+	StatsConnections bool
 }
 
 // testCase is one conformance case. skip returns a reason when the harness cannot run
@@ -178,6 +236,13 @@ func always(Harness) string { return "" }
 func needFill(h Harness) string {
 	if h.Fill == nil {
 		return "Harness.Fill is nil"
+	}
+	return ""
+}
+
+func needEndDelivery(h Harness) string {
+	if h.EndDelivery == nil {
+		return "Harness.EndDelivery is nil"
 	}
 	return ""
 }
@@ -216,15 +281,24 @@ func CaseNames() []string {
 }
 
 // Run runs every conformance case against the brokers h makes, each as a parallel
-// subtest of t on a fresh broker. It sets the global OpenTelemetry propagator for the
-// run (see the package comment), so it must not be called from a parallel test.
+// subtest of t on a fresh broker. It sets the global OpenTelemetry propagator and the
+// suite's windows for the run (see the package comment), so it must not be called
+// from a parallel test. A harness without New, or with a bad scale, fails t at once.
 func Run(t *testing.T, h Harness) {
-	if h.New == nil || h.EndDelivery == nil {
-		t.Fatal("mqtest: Harness.New and Harness.EndDelivery are required")
+	if h.New == nil {
+		t.Fatal("mqtest: Harness.New is nil; it is required: it makes each case's broker")
+	}
+	scale, err := h.waitScale()
+	if err != nil {
+		t.Fatal(err)
 	}
 	prev := otel.GetTextMapPropagator()
 	otel.SetTextMapPropagator(propagation.TraceContext{})
-	t.Cleanup(func() { otel.SetTextMapPropagator(prev) })
+	wait, quiet = scaled(baseWait, scale), scaled(baseQuiet, scale)
+	t.Cleanup(func() {
+		otel.SetTextMapPropagator(prev)
+		wait, quiet = baseWait, baseQuiet
+	})
 
 	seen := map[string]bool{}
 	for _, c := range cases() {
@@ -240,6 +314,31 @@ func Run(t *testing.T, h Harness) {
 			c.run(t, h)
 		})
 	}
+}
+
+// waitScale is WaitScale (0 means 1) times MQTEST_WAIT_SCALE (unset means 1); either
+// must be a positive number.
+func (h Harness) waitScale() (float64, error) {
+	scale := h.WaitScale
+	switch {
+	case scale == 0:
+		scale = 1
+	case scale < 0 || math.IsNaN(scale) || math.IsInf(scale, 0):
+		return 0, fmt.Errorf("mqtest: Harness.WaitScale is %v; want a positive factor, or 0 for 1", h.WaitScale)
+	}
+	if v, ok := os.LookupEnv(waitScaleEnv); ok && v != "" {
+		env, err := strconv.ParseFloat(v, 64)
+		if err != nil || env <= 0 || math.IsInf(env, 0) {
+			return 0, fmt.Errorf("mqtest: %s is %q; want a positive factor such as 2 or 0.5", waitScaleEnv, v)
+		}
+		scale *= env
+	}
+	return scale, nil
+}
+
+// scaled is d times scale, at least a millisecond.
+func scaled(d time.Duration, scale float64) time.Duration {
+	return max(time.Duration(float64(d)*scale), time.Millisecond)
 }
 
 // tooLarge returns the payload size the harness says the broker refuses.
