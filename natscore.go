@@ -27,6 +27,9 @@ type natsCore struct {
 	log  *slog.Logger
 	// tracer makes the producer, consumer and replay spans (see tracing.go).
 	tracer trace.Tracer
+	// consumersDenied is the server's refusal of the consumer list to this user,
+	// once seen (see listConsumers).
+	consumersDenied atomic.Pointer[error]
 
 	// partitions[p] and deadLetters name the streams found for partition p and for
 	// dead letters: the topology's names in EmbeddedNATS, the operator's in ExternalNATS.

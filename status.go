@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -170,15 +172,22 @@ func (c *natsCore) readStatus(ctx context.Context, s *TopologyStatus) error {
 }
 
 // listConsumers lists every consumer of streams; the restricted user may not
-// (CONSUMER.LIST is not in PermissionsFor), which is the error.
+// (CONSUMER.LIST is not in PermissionsFor), which is the error. The server answers a
+// refused request with nothing (measured: the list waited out the caller's whole
+// minute), so each stream's list is bounded by PublishTimeout, and a refusal is
+// remembered: a live status view asks once, not at every refresh.
 func (c *natsCore) listConsumers(ctx context.Context, streams []string) ([]ConsumerStatus, error) {
+	if err := c.consumersDenied.Load(); err != nil {
+		return nil, *err
+	}
 	var out []ConsumerStatus
 	for _, name := range streams {
 		st, err := c.js.Stream(ctx, name)
 		if err != nil {
 			return nil, c.mapRequestError("status: stream "+name, err)
 		}
-		list := st.ListConsumers(ctx)
+		lctx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
+		list := st.ListConsumers(lctx)
 		for in := range list.Info() {
 			out = append(out, ConsumerStatus{
 				Stream: name, Name: in.Name, Durable: in.Config.Durable != "",
@@ -186,7 +195,14 @@ func (c *natsCore) listConsumers(ctx context.Context, streams []string) ([]Consu
 				Waiting: in.NumWaiting,
 			})
 		}
-		if err := list.Err(); err != nil {
+		err = list.Err()
+		cancel()
+		if err != nil {
+			if last := c.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), ".CONSUMER.LIST.") {
+				err = fmt.Errorf("status: list the consumers of %s: %w", name, last)
+				c.consumersDenied.Store(&err)
+				return nil, err
+			}
 			return nil, c.mapRequestError("status: list the consumers of "+name, err)
 		}
 	}

@@ -192,6 +192,9 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		{"history discard", func(t *testing.T, s *shape) { s.stream(t, hist).Discard = jetstream.DiscardNew }, req(stream(hist), "discard"), nil},
 		{"history max_age", func(t *testing.T, s *shape) { s.stream(t, hist).MaxAge = 0 }, req(stream(hist), "max_age"), nil},
 		{"history max_bytes", func(t *testing.T, s *shape) { s.stream(t, hist).MaxBytes = -1 }, rec(stream(hist), "max_bytes"), nil},
+		{"history monitor metadata expecting another source count", func(t *testing.T, s *shape) {
+			s.stream(t, hist).Metadata[monitorMinSources] = "3"
+		}, rec(stream(hist), "metadata"), nil},
 		{"dead-letter stream missing", func(t *testing.T, s *shape) { s.drop(dlq) }, req("dead-letter stream", "subjects"), nil},
 		{"dead-letter subjects missing the wildcard", func(t *testing.T, s *shape) { s.stream(t, dlq).Subjects = []string{"wh.dlq.x"} }, req(stream(dlq), "subjects"), nil},
 		{"dead-letter retention", func(t *testing.T, s *shape) { s.stream(t, dlq).Retention = jetstream.InterestPolicy }, req(stream(dlq), "retention"), nil},
@@ -204,22 +207,23 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 	// says is what a rule's problem must say: an enum value is spelled as in
 	// JetStream's JSON, like the field that holds it, in every finding.
 	says := map[string]string{
-		"partition retention":                                  "is limits, must be interest",
-		"partition discard":                                    "is old, must be new",
-		"partition storage":                                    "is memory, must be file",
-		"durable ack_policy":                                   "is all, must be explicit",
-		"durable deliver_policy":                               "is new, must be all",
-		"durable replay_policy":                                "is original, must be instant",
-		"durable priority_policy none":                         "is none, must be pinned_client",
-		"durable priority_policy overflow":                     "is overflow, must be pinned_client",
-		"durable priority_groups without the workers' group":   `must include "ingest"`,
-		"durable priority_timeout below twice the pull expiry": "must be at least 10s",
-		"durable priority_timeout above the ack wait":          "above the ack wait 1m0s",
-		"history retention":                                    "is interest, must be limits",
-		"history discard":                                      "is new, must be old",
-		"dead-letter retention":                                "is interest, must be limits",
-		"dead-letter discard":                                  "is new, must be old",
-		"dead-letter storage":                                  "is memory, must be file",
+		"partition retention":                                     "is limits, must be interest",
+		"partition discard":                                       "is old, must be new",
+		"partition storage":                                       "is memory, must be file",
+		"durable ack_policy":                                      "is all, must be explicit",
+		"durable deliver_policy":                                  "is new, must be all",
+		"durable replay_policy":                                   "is original, must be instant",
+		"durable priority_policy none":                            "is none, must be pinned_client",
+		"durable priority_policy overflow":                        "is overflow, must be pinned_client",
+		"durable priority_groups without the workers' group":      `must include "ingest"`,
+		"durable priority_timeout below twice the pull expiry":    "must be at least 10s",
+		"durable priority_timeout above the ack wait":             "above the ack wait 1m0s",
+		"history retention":                                       "is interest, must be limits",
+		"history discard":                                         "is new, must be old",
+		"history monitor metadata expecting another source count": "io.nats.monitor.min-sources is 3, the topology has 4 partitions",
+		"dead-letter retention":                                   "is interest, must be limits",
+		"dead-letter discard":                                     "is new, must be old",
+		"dead-letter storage":                                     "is memory, must be file",
 	}
 	known := map[string]bool{}
 	for _, tc := range cases {
