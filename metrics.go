@@ -158,8 +158,9 @@ func (m *instruments) startOp(span trace.Span, name string, typ messagingconv.Op
 // messages as sent or consumed, with error.type from err.
 func (o *operation) end(err error) {
 	endSpan(o.Span, err)
-	// Metrics are recorded without the caller's ctx: a cancelled request still counts.
-	ctx := context.Background()
+	// Recorded under the span alone, not the caller's ctx: a cancelled request still
+	// counts, and an exemplar points at this operation's span.
+	ctx := trace.ContextWithSpan(context.Background(), o.Span)
 	elapsed := time.Since(o.start).Seconds()
 	attrs := o.attrs
 	if err != nil {
