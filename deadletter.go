@@ -33,14 +33,16 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	// The key's first token is the tenant, also for a key this package did not write:
 	// DeadLetterCounts counts that park under the same tenant.
 	tenant, _, _ := strings.Cut(msg.key, ".")
-	ctx, span := c.startSend(ctx, opDeadLetter, c.subs.dlqTemplate(), -1)
-	defer func() { endSpan(span, err) }()
+	ctx, span := c.startSend(ctx, opDeadLetter, c.subs.dlqTemplate(), -1, TenantID(tenant), 1)
+	defer func() { span.end(err) }()
 	ev, err := c.prepare(ctx, tenant, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
 	if err != nil {
 		return fmt.Errorf("dead letter: %w", err)
 	}
 	span.SetAttributes(semconv.MessagingMessageID(eventID(TenantID(tenant), ev.header.Get(HeaderIdempotencyKey))))
-	_, err = c.send(ctx, ev)
+	if _, err = c.send(ctx, ev); err == nil {
+		c.metrics.park(msg.Topic())
+	}
 	return err
 }
 

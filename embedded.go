@@ -5,11 +5,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"time"
 
@@ -19,7 +17,6 @@ import (
 	"github.com/nats-io/nuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -43,8 +40,13 @@ type EmbeddedOptions struct {
 	// Logger receives the broker's and the server's logs (attribute component=nats).
 	// Default slog.Default().
 	Logger *slog.Logger
-	// MeterProvider receives the per-tenant backlog and budget gauges. Default: none.
+	// MeterProvider receives the broker's metrics (see the README's Metrics).
+	// Default: the global provider, otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
+	// MetricsTenants adds the tenant id (mq.tenant) to the per-tenant gauges and the
+	// message and park counters. Off, those gauges sum the tenants of each partition
+	// and no metric names a tenant: turn it on only for a bounded number of tenants.
+	MetricsTenants bool
 	// TracerProvider makes the producer, consumer and replay spans (see the README's
 	// Tracing). Default: the global provider, otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
@@ -147,7 +149,7 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 		e.shutdown()
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
-	if err := e.registerMetrics(cmp.Or[metric.MeterProvider](opts.MeterProvider, noop.NewMeterProvider())); err != nil {
+	if err := e.registerMetrics(); err != nil {
 		e.shutdown()
 		return nil, fmt.Errorf("embedded nats: metrics: %w", err)
 	}
@@ -201,7 +203,11 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	if err != nil {
 		return fmt.Errorf("embedded nats: jetstream: %w", err)
 	}
-	e.core = newNATSCore(e.topo, nc, e.js, e.log, newTracer(opts.TracerProvider))
+	inst, err := newInstruments(opts.MeterProvider, opts.MetricsTenants)
+	if err != nil {
+		return fmt.Errorf("embedded nats: metrics: %w", err)
+	}
+	e.core = newNATSCore(e.topo, nc, e.js, e.log, newTracer(opts.TracerProvider), inst)
 	e.core.settler = e.settler
 	return nil
 }
@@ -302,7 +308,7 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return err
 	}
-	defer func() { endSpan(ev.span, err) }()
+	defer func() { ev.span.end(err) }()
 	p := e.partitionOf[ev.stream]
 	keyedID := ""
 	if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
@@ -474,33 +480,34 @@ func (e *EmbeddedNATS) shutdown() {
 	}
 }
 
-func (e *EmbeddedNATS) registerMetrics(mp metric.MeterProvider) error {
-	meter := mp.Meter("github.com/wavehouse/mq")
-	backlog, err := meter.Int64ObservableGauge("wavehouse_mq_tenant_backlog_bytes",
-		metric.WithDescription("Bytes of the tenant's events stored and not yet acknowledged by the ingest worker."),
-		metric.WithUnit("By"))
-	if err != nil {
-		return err
-	}
-	budget, err := meter.Int64ObservableGauge("wavehouse_mq_tenant_budget_bytes",
-		metric.WithDescription("The tenant's byte budget; publishes past it are refused."),
-		metric.WithUnit("By"))
-	if err != nil {
-		return err
-	}
-	e.metrics, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+// registerMetrics registers the core's gauges and the budgets': per tenant with
+// MetricsTenants, else summed per partition.
+func (e *EmbeddedNATS) registerMetrics() error {
+	g := e.core.gauges()
+	backlog := g.int64(metricTenantBacklog, "Bytes of the tenants' events stored and not yet acknowledged by the ingest worker.")
+	budget := g.int64(metricTenantBudget, "The tenants' byte budgets; a tenant's publishes past its own are refused.")
+	g.then(func(_ context.Context, o metric.Observer) {
 		limits, used := e.budgets.snapshot()
-		for _, t := range slices.Sorted(maps.Keys(limits)) {
-			attrs := metric.WithAttributes(tenantAttr(t))
-			o.ObserveInt64(budget, limits[t], attrs)
-			o.ObserveInt64(backlog, used[t], attrs)
+		sums := map[attribute.Distinct]*[2]int64{}
+		sets := map[attribute.Distinct]attribute.Set{}
+		for t := range limits {
+			set := e.core.tenantAttrs(t)
+			k := set.Equivalent()
+			if sums[k] == nil {
+				sums[k], sets[k] = new([2]int64), set
+			}
+			sums[k][0] += limits[t]
+			sums[k][1] += used[t]
 		}
-		return nil
-	}, backlog, budget)
+		for k, s := range sums {
+			o.ObserveInt64(budget, s[0], metric.WithAttributeSet(sets[k]))
+			o.ObserveInt64(backlog, s[1], metric.WithAttributeSet(sets[k]))
+		}
+	})
+	var err error
+	e.metrics, err = g.register()
 	return err
 }
-
-func tenantAttr(t TenantID) attribute.KeyValue { return attribute.String("tenant", string(t)) }
 
 // serverLogger hands nats-server's log lines to slog. Fatal is logged at Error and
 // never exits the process.
@@ -536,7 +543,7 @@ func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
 	if err != nil || len(out.events) == 0 {
 		return err
 	}
-	defer func() { endSpan(out.span, err) }()
+	defer func() { out.span.end(err) }()
 	keyedIDs := make([]string, len(out.events))
 	sizes := make([]int64, len(out.events))
 	for i, ev := range out.events {

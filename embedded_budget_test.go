@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -35,6 +34,7 @@ func openMetered(t *testing.T, dir string, mutate ...func(*EmbeddedOptions)) met
 	reader := sdkmetric.NewManualReader()
 	e := openEmbedded(t, dir, append([]func(*EmbeddedOptions){func(o *EmbeddedOptions) {
 		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		o.MetricsTenants = true
 	}}, mutate...)...)
 	return meteredBroker{EmbeddedNATS: e, reader: reader}
 }
@@ -49,15 +49,15 @@ func (m meteredBroker) gauges(t *testing.T) (backlog, budget map[TenantID]int64)
 		for _, metric := range sm.Metrics {
 			var into map[TenantID]int64
 			switch metric.Name {
-			case "wavehouse_mq_tenant_backlog_bytes":
+			case metricTenantBacklog:
 				into = backlog
-			case "wavehouse_mq_tenant_budget_bytes":
+			case metricTenantBudget:
 				into = budget
 			default:
 				continue
 			}
 			for _, dp := range metric.Data.(metricdata.Gauge[int64]).DataPoints {
-				v, _ := dp.Attributes.Value(attribute.Key("tenant"))
+				v, _ := dp.Attributes.Value(AttrTenant)
 				into[TenantID(v.AsString())] = dp.Value
 			}
 		}

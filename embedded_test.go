@@ -21,7 +21,6 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -162,6 +161,7 @@ func TestEmbeddedNATS_MetricsReportEachTenantsBacklogAndBudget(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	e := openEmbedded(t, "", func(o *EmbeddedOptions) {
 		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		o.MetricsTenants = true
 	})
 	ctx := testCtx(t)
 	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
@@ -171,14 +171,17 @@ func TestEmbeddedNATS_MetricsReportEachTenantsBacklogAndBudget(t *testing.T) {
 	got := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
+			if m.Name != metricTenantBudget && m.Name != metricTenantBacklog {
+				continue
+			}
 			for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
-				v, _ := dp.Attributes.Value(attribute.Key("tenant"))
+				v, _ := dp.Attributes.Value(AttrTenant)
 				got[m.Name+"/"+v.AsString()] = dp.Value
 			}
 		}
 	}
-	assert.Equal(t, int64(1<<20), got["wavehouse_mq_tenant_budget_bytes/acme"])
-	assert.Greater(t, got["wavehouse_mq_tenant_backlog_bytes/acme"], int64(100))
+	assert.Equal(t, int64(1<<20), got[metricTenantBudget+"/acme"])
+	assert.Greater(t, got[metricTenantBacklog+"/acme"], int64(100))
 }
 
 func TestEmbeddedNATS_FailedOnceWhenEveryPartitionsDurableIsDeleted(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // External broker intervals and bounds.
@@ -55,6 +54,7 @@ type ExternalNATS struct {
 
 	watchCancel context.CancelFunc
 	watchDone   chan struct{}
+	inst        *instruments
 	metrics     metric.Registration
 
 	mu            sync.Mutex
@@ -94,6 +94,9 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	if err != nil {
 		return nil, err
 	}
+	if e.inst, err = newInstruments(cfg.MeterProvider, cfg.MetricsTenants); err != nil {
+		return nil, fmt.Errorf("nats: metrics: %w", err)
+	}
 	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect to %s: %w", ErrUnavailable, redactURLs(cfg.URLs), err)
@@ -125,7 +128,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	}
 	e.core.lostTopology = e.lostTopology
 	e.pollHistory(bctx)
-	if err := e.registerMetrics(cmp.Or[metric.MeterProvider](cfg.MeterProvider, noop.NewMeterProvider())); err != nil {
+	if err := e.registerMetrics(); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("nats: metrics: %w", err)
 	}
@@ -138,7 +141,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 // resolveStreams finds each partition's stream and the dead-letter stream by subject:
 // the operator may name them anything.
 func (e *ExternalNATS) resolveStreams(ctx context.Context) error {
-	e.core = newNATSCore(e.topo, e.nc, e.js, e.log, newTracer(e.cfg.TracerProvider))
+	e.core = newNATSCore(e.topo, e.nc, e.js, e.log, newTracer(e.cfg.TracerProvider), e.inst)
 	subs := e.topo.subjects()
 	for p := range e.topo.Partitions {
 		name, err := e.js.StreamNameBySubject(ctx, subs.ingest(p, "x"))
@@ -170,7 +173,7 @@ func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 		return err
 	}
 	_, err = e.core.send(ctx, ev)
-	endSpan(ev.span, err)
+	ev.span.end(err)
 	return err
 }
 
@@ -182,7 +185,7 @@ func (e *ExternalNATS) PublishBatch(ctx context.Context, b Batch) error {
 		return err
 	}
 	err = batchError(e.core.sendBatch(ctx, out))
-	endSpan(out.span, err)
+	out.span.end(err)
 	return err
 }
 

@@ -48,8 +48,12 @@ type NATSConfig struct {
 
 	// Logger receives the broker's logs. Default slog.Default().
 	Logger *slog.Logger
-	// MeterProvider receives the gauges. Default: none.
+	// MeterProvider receives the broker's metrics (see the README's Metrics).
+	// Default: the global provider, otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
+	// MetricsTenants adds the tenant id (mq.tenant) to the message and park counters.
+	// Off, no metric names a tenant: turn it on only for a bounded number of tenants.
+	MetricsTenants bool
 	// TracerProvider makes the producer, consumer and replay spans (see the README's
 	// Tracing). Default: the global provider, otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider

@@ -5,7 +5,6 @@ import (
 	"context"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -131,57 +130,34 @@ func activeSeconds(d time.Duration) float64 {
 	return d.Seconds()
 }
 
-func (e *ExternalNATS) registerMetrics(mp metric.MeterProvider) error {
-	meter := mp.Meter("github.com/wavehouse/mq")
-	connected, err := meter.Int64ObservableGauge("wavehouse_mq_connected",
-		metric.WithDescription("1 while the broker is connected to nats."))
-	if err != nil {
-		return err
-	}
-	ok, err := meter.Int64ObservableGauge("wavehouse_mq_topology_ok",
-		metric.WithDescription("1 while the nats topology has no required finding (transient ones excluded)."))
-	if err != nil {
-		return err
-	}
-	lag, err := meter.Int64ObservableGauge("wavehouse_mq_history_source_lag",
-		metric.WithDescription("Events on a partition the history has yet to copy; a stalled source holds them on the partition."))
-	if err != nil {
-		return err
-	}
-	active, err := meter.Float64ObservableGauge("wavehouse_mq_history_source_last_active_seconds",
-		metric.WithDescription("Seconds since the history's source last heard from its partition; -1 before the first attach."),
-		metric.WithUnit("s"))
-	if err != nil {
-		return err
-	}
-	held, err := meter.Int64ObservableGauge("wavehouse_mq_partition_held_for_history",
-		metric.WithDescription("Events the worker acknowledged that a partition still holds because the history has not copied them."))
-	if err != nil {
-		return err
-	}
-	e.metrics, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		o.ObserveInt64(connected, boolGauge(e.nc.IsConnected()))
+// registerMetrics registers the core's gauges and what the watch loop reads: the
+// topology's state and the history's sources, each source by its stream (mq.stream),
+// each partition by its index (mq.partition) and stream.
+func (e *ExternalNATS) registerMetrics() error {
+	g := e.core.gauges()
+	ok := g.int64(metricTopologyOK, "1 while the nats topology has no required finding (transient ones excluded).")
+	lag := g.int64(metricSourceLag,
+		"Events on a partition the history has yet to copy; a stalled source holds them on the partition.")
+	active := g.float64(metricSourceActive,
+		"Seconds since the history's source last heard from its partition; -1 before the first attach.")
+	held := g.int64(metricHeldForHistory,
+		"Events the worker acknowledged that a partition still holds because the history has not copied them.")
+	g.then(func(_ context.Context, o metric.Observer) {
 		o.ObserveInt64(ok, boolGauge(e.topologyErr.Load() == nil))
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		for name, s := range e.sources {
-			attrs := metric.WithAttributes(sourceAttr(name))
+			attrs := metric.WithAttributes(AttrStream.String(name))
 			o.ObserveInt64(lag, s.lag, attrs)
 			o.ObserveFloat64(active, s.active, attrs)
 		}
-		for name, n := range e.held {
-			o.ObserveInt64(held, n, metric.WithAttributes(attribute.String("stream", name)))
+		for p, name := range e.core.partitions {
+			if n, found := e.held[name]; found {
+				o.ObserveInt64(held, n, metric.WithAttributes(AttrPartition.Int(p), AttrStream.String(name)))
+			}
 		}
-		return nil
-	}, connected, ok, lag, active, held)
+	})
+	var err error
+	e.metrics, err = g.register()
 	return err
-}
-
-func sourceAttr(name string) attribute.KeyValue { return attribute.String("source", name) }
-
-func boolGauge(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -174,7 +173,7 @@ func TestExternalNATS_ADeletedPartitionIsUnavailableAndNotRecreated(t *testing.T
 	err := e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("x"))
 	require.ErrorIs(t, err, ErrUnavailable)
 	assert.Contains(t, err.Error(), stream)
-	assert.Equal(t, int64(0), gauges(t, reader)["wavehouse_mq_topology_ok"], "the gauge drops at once")
+	assert.Equal(t, int64(0), gauges(t, reader)[metricTopologyOK], "the gauge drops at once")
 	_, err = f.admin.Stream(ctx, stream)
 	require.ErrorIs(t, err, jetstream.ErrStreamNotFound)
 }
@@ -272,7 +271,7 @@ func TestExternalNATS_RecheckNoticesBreakageAndRepair(t *testing.T) {
 		c.recheckEvery, c.pollEvery = 50*time.Millisecond, 50*time.Millisecond
 	})
 	ctx := testCtx(t)
-	ok := func() int64 { return gauges(t, reader)["wavehouse_mq_topology_ok"] }
+	ok := func() int64 { return gauges(t, reader)[metricTopologyOK] }
 	require.Equal(t, int64(1), ok())
 	dlq := *f.shape.stream(t, "WH_DLQ")
 	require.NoError(t, f.admin.DeleteStream(ctx, dlq.Name))
@@ -321,24 +320,23 @@ func TestExternalNATS_GaugesReportTheConnectionTopologyAndEachSource(t *testing.
 	lags, actives := map[string]int64{}, map[string]float64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Gauge[int64]:
-				for _, dp := range d.DataPoints {
-					if v, ok := dp.Attributes.Value(attribute.Key("source")); ok {
-						lags[v.AsString()] = dp.Value
-					}
+			switch m.Name {
+			case metricSourceLag:
+				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+					v, _ := dp.Attributes.Value(AttrStream)
+					lags[v.AsString()] = dp.Value
 				}
-			case metricdata.Gauge[float64]:
-				for _, dp := range d.DataPoints {
-					v, _ := dp.Attributes.Value(attribute.Key("source"))
+			case metricSourceActive:
+				for _, dp := range m.Data.(metricdata.Gauge[float64]).DataPoints {
+					v, _ := dp.Attributes.Value(AttrStream)
 					actives[v.AsString()] = dp.Value
 				}
 			}
 		}
 	}
 	g := gauges(t, reader)
-	assert.Equal(t, int64(1), g["wavehouse_mq_connected"])
-	assert.Equal(t, int64(1), g["wavehouse_mq_topology_ok"])
+	assert.Equal(t, int64(1), g[metricConnected])
+	assert.Equal(t, int64(1), g[metricTopologyOK])
 	assert.Len(t, lags, 4)
 	assert.Len(t, actives, 4)
 	for name, lag := range lags {

@@ -38,7 +38,7 @@ func gaugeBy(t *testing.T, reader *sdkmetric.ManualReader, name, key string) map
 // section 4 hazard (a): the history's source holds each event on its partition until
 // copied, so a history that stops copying (here: full, with discard new) keeps acked
 // events on the partition, and would fill it. The server reports that source's lag
-// as 0 throughout (measured), so wavehouse_mq_partition_held_for_history is what
+// as 0 throughout (measured), so mq.partition.held_for_history is what
 // shows it; once the history takes events again they arrive exactly once.
 func TestHazard_AStalledHistoryHoldsAckedEventsOnThePartitionAndAGaugeShows(t *testing.T) {
 	t.Parallel()
@@ -63,10 +63,10 @@ func TestHazard_AStalledHistoryHoldsAckedEventsOnThePartitionAndAGaugeShows(t *t
 		receive(t, got, failed) // acked by the worker
 	}
 	require.Eventually(t, func() bool {
-		return gaugeBy(t, reader, "wavehouse_mq_partition_held_for_history", "stream")[partition] >= 2
+		return gaugeBy(t, reader, metricHeldForHistory, string(AttrStream))[partition] >= 2
 	}, 10*time.Second, 20*time.Millisecond, "the held gauge shows the stall")
 	assert.GreaterOrEqual(t, f.streamMsgs(t, partition), uint64(2), "acked events stay on the partition while the history refuses them")
-	for stream, n := range gaugeBy(t, reader, "wavehouse_mq_partition_held_for_history", "stream") {
+	for stream, n := range gaugeBy(t, reader, metricHeldForHistory, string(AttrStream)) {
 		if stream != partition {
 			assert.Zero(t, n, stream)
 		}

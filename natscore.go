@@ -25,8 +25,10 @@ type natsCore struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	log  *slog.Logger
-	// tracer makes the producer, consumer and replay spans (see tracing.go).
-	tracer trace.Tracer
+	// tracer makes the producer, consumer and replay spans (see tracing.go), and
+	// metrics records the operations they cover (see metrics.go).
+	tracer  trace.Tracer
+	metrics *instruments
 	// consumersDenied is the server's refusal of the consumer list to this user,
 	// once seen (see listConsumers).
 	consumersDenied atomic.Pointer[error]
@@ -55,11 +57,13 @@ type natsCore struct {
 	stoppers map[int]func()
 	// parts are the running deliveries Health answers for.
 	parts map[*part]struct{}
+	// workers are the running Consumes the worker view reads (gauges.go).
+	workers map[*dispatcher]struct{}
 }
 
-func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, tracer trace.Tracer) *natsCore {
+func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, tracer trace.Tracer, metrics *instruments) *natsCore {
 	c := &natsCore{
-		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log, tracer: tracer,
+		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log, tracer: tracer, metrics: metrics,
 		deadLetters:  topo.DeadLetterStream(),
 		settler:      func(m jetstream.Msg, _ eventRef) Settler { return m },
 		lostTopology: func(string, error) {},

@@ -60,7 +60,9 @@ func appCore(t *testing.T, f *natsFixture) *natsCore {
 	nc := f.connect(t, appUser)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog, newTracer(nil))
+	inst, err := newInstruments(nil, false)
+	require.NoError(t, err)
+	return newNATSCore(shippedTopology.WithDefaults(), nc, js, quietLog, newTracer(nil), inst)
 }
 
 // TestNATSPermissions_AllowEverythingTheBrokerDoes runs publish, the worker's pull, ack

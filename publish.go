@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nuid"
 	"go.opentelemetry.io/otel"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // What the server says when it refuses a publish, and what the broker reserves.
@@ -33,8 +32,8 @@ type outgoing struct {
 	header          Headers
 	data            []byte
 	// span is the send's producer span, whose context header carries: the caller
-	// ends it with the send's outcome (endSpan).
-	span trace.Span
+	// ends it with the send's outcome (operation.end), which records its metrics.
+	span *operation
 }
 
 // prepare builds the headers of an event (base, then the options, then ctx's trace
@@ -219,11 +218,11 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
 	}
-	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), p)
+	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), p, topic.Tenant, 1)
 	ev, err := c.prepare(ctx, string(topic.Tenant), subject, c.partitions[p], nil, data, opts)
 	if err != nil {
 		err = fmt.Errorf("publish: %w", err)
-		endSpan(span, err)
+		span.end(err)
 		return outgoing{}, err
 	}
 	span.SetAttributes(semconv.MessagingMessageID(eventID(topic.Tenant, ev.header.Get(HeaderIdempotencyKey))))

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // A batch goes one of two ways (measured in BenchmarkPublishBatch, see the README's
@@ -43,7 +42,7 @@ type outBatch struct {
 	part   int
 	atomic bool
 	events []outgoing
-	span   trace.Span
+	span   *operation
 }
 
 // stored is what the stream said about one event of a batch.
@@ -73,7 +72,7 @@ func (c *natsCore) prepareBatch(ctx context.Context, b Batch) (outBatch, error) 
 			ErrPayloadTooLarge, len(b.Events), maxAtomicBatch)
 	}
 	part := Partition(b.Tenant, c.topo.Partitions)
-	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), part)
+	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), part, b.Tenant, len(b.Events))
 	span.SetAttributes(semconv.MessagingBatchMessageCount(len(b.Events)))
 	out := outBatch{part: part, atomic: b.Atomic, events: make([]outgoing, len(b.Events)), span: span}
 	for i, e := range b.Events {
@@ -83,7 +82,7 @@ func (c *natsCore) prepareBatch(ctx context.Context, b Batch) (outBatch, error) 
 		}
 		if err != nil {
 			err = fmt.Errorf("publish batch: event %d: %w", i, err)
-			endSpan(span, err)
+			span.end(err)
 			return outBatch{}, err
 		}
 	}

@@ -52,11 +52,12 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 		return fmt.Errorf("replay: %w", err)
 	}
 	// One span per call; the messages sent carry it, so a handler's spans nest in it.
-	ctx, span := c.startReplay(ctx, p)
+	ctx, span := c.startReplay(ctx, topic, p)
 	sent := 0
 	defer func() {
 		span.SetAttributes(semconv.MessagingBatchMessageCount(sent))
-		endSpan(span, err)
+		span.messages = sent
+		span.end(err)
 	}()
 	each := send
 	send = func(m *Message) bool { sent++; return each(m) }

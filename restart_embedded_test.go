@@ -218,6 +218,7 @@ func (c restartCell) cycleBeforeRestart(t *testing.T, dir string, cycle int, led
 	reader := sdkmetric.NewManualReader()
 	e := openEmbedded(t, dir, func(o *EmbeddedOptions) {
 		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		o.MetricsTenants = true
 	})
 	ctx := restartCtx(t)
 	if cycle == 1 {
@@ -229,7 +230,7 @@ func (c restartCell) cycleBeforeRestart(t *testing.T, dir string, cycle int, led
 	if c.idle {
 		waitHistoryCopied(t, e.js, e.topo.HistoryStream, uint64(cycle*restartPerCycle))
 	}
-	backlog := gaugeBy(t, reader, "wavehouse_mq_tenant_backlog_bytes", "tenant")
+	backlog := gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant))
 	require.NoError(t, e.Close())
 	return backlog
 }
@@ -241,13 +242,14 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 	reader := sdkmetric.NewManualReader()
 	e := openEmbedded(t, dir, func(o *EmbeddedOptions) {
 		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		o.MetricsTenants = true
 	})
 	ctx := restartCtx(t)
 	for _, tenant := range restartTenants {
 		assert.Equal(t, restartBudget, e.MaxBytes(tenant), "cycle %d: tenant %s's budget after the restart", cycle, tenant)
 	}
 	if before != nil {
-		assert.Equal(t, before, gaugeBy(t, reader, "wavehouse_mq_tenant_backlog_bytes", "tenant"),
+		assert.Equal(t, before, gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant)),
 			"cycle %d: the backlog bytes after the restart are those before it", cycle)
 	}
 	owed := ledger.owed()
@@ -305,14 +307,14 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 		cycle, c.name(), confirmed, len(owed), distinct, len(lost), dups)
 	require.Empty(t, lost, "cycle %d: confirmed events the worker never acknowledged, missing after the restart", cycle)
 	require.Eventually(t, func() bool {
-		for _, n := range gaugeBy(t, reader, "wavehouse_mq_tenant_backlog_bytes", "tenant") {
+		for _, n := range gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant)) {
 			if n != 0 {
 				return false
 			}
 		}
 		return true
 	}, 20*time.Second, 50*time.Millisecond, "cycle %d: bytes still held once everything was acknowledged: %v",
-		cycle, gaugeBy(t, reader, "wavehouse_mq_tenant_backlog_bytes", "tenant"))
+		cycle, gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant)))
 	stop()
 	require.NoError(t, e.Close())
 }
@@ -373,7 +375,7 @@ func TestEmbeddedNATS_RestartMatrixChild(t *testing.T) {
 	// NoSync, the weaker setting: a process crash loses nothing the server confirmed
 	// with either, since the kernel keeps what was written.
 	e, err := NewEmbedded(t.Context(), EmbeddedOptions{StoreDir: dir, NoSync: true, Logger: quietLog,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), MetricsTenants: true})
 	require.NoError(t, err)
 	ctx := restartCtx(t)
 	if cycle == 1 {
@@ -385,7 +387,7 @@ func TestEmbeddedNATS_RestartMatrixChild(t *testing.T) {
 	if idle {
 		waitHistoryCopied(t, e.js, e.topo.HistoryStream, uint64(cycle*restartPerCycle))
 	}
-	backlog := gaugeBy(t, reader, "wavehouse_mq_tenant_backlog_bytes", "tenant")
+	backlog := gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant))
 	for _, tenant := range slices.Sorted(maps.Keys(backlog)) {
 		out("backlog", fmt.Sprintf("%s %d", tenant, backlog[tenant]))
 	}

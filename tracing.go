@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -47,38 +48,40 @@ func newTracer(tp trace.TracerProvider) trace.Tracer {
 func (s subjects) ingestTemplate() string { return s.prefix + ".ingest.{partition}.{tenant}.{table}" }
 func (s subjects) dlqTemplate() string    { return s.prefix + ".dlq.{tenant}.{table}" }
 
-func destination(template string) []attribute.KeyValue {
-	return []attribute.KeyValue{
-		natsSystem,
+// measured are the attributes a span shares with its operation's metrics: the
+// destination as its template and the partition, never the subject.
+func measured(template string, partition int) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{
 		semconv.MessagingDestinationName(template),
 		semconv.MessagingDestinationTemplate(template),
 	}
-}
-
-// startSend starts the producer span of one send to template; partition < 0 when the
-// destination has none. The context it returns is what the headers must carry.
-func (c *natsCore) startSend(ctx context.Context, op, template string, partition int) (context.Context, trace.Span) {
-	attrs := append(destination(template),
-		semconv.MessagingOperationTypeSend, semconv.MessagingOperationName(op))
 	if partition >= 0 {
 		attrs = append(attrs, semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)))
 	}
-	return c.tracer.Start(ctx, "send "+template,
+	return attrs
+}
+
+// startSend starts the producer span of one send of messages events to template;
+// partition < 0 when the destination has none. The context it returns is what the
+// headers must carry; the operation's end records the send's metrics.
+func (c *natsCore) startSend(ctx context.Context, op, template string, partition int, tenant TenantID, messages int) (context.Context, *operation) {
+	m := measured(template, partition)
+	attrs := append([]attribute.KeyValue{natsSystem, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName(op)}, m...)
+	ctx, span := c.tracer.Start(ctx, "send "+template,
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	o := c.metrics.startOp(span, op, messagingconv.OperationTypeSend, m)
+	o.tenant, o.messages = tenant, messages
+	return ctx, o
 }
 
 // startProcess starts the consumer span of one handler call on a worker delivery: its
 // parent is the producer's span carried by the headers, linked as well; the context
 // it returns keeps base's cancellation and values.
-func (c *natsCore) startProcess(base context.Context, msg *Message, durable string, partition int) (context.Context, trace.Span) {
+func (c *natsCore) startProcess(base context.Context, msg *Message, durable string, partition int) (context.Context, *operation) {
 	producer := trace.SpanContextFromContext(otel.GetTextMapPropagator().Extract(context.Background(), headerCarrier(msg.Headers)))
-	template := c.subs.ingestTemplate()
-	attrs := append(destination(template),
-		semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName(opProcess),
-		semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)),
-		semconv.MessagingConsumerGroupName(durable),
-		AttrDeliveryAttempt.Int(msg.Attempt),
-	)
+	m := append(measured(c.subs.ingestTemplate(), partition), semconv.MessagingConsumerGroupName(durable))
+	attrs := append([]attribute.KeyValue{natsSystem, semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName(opProcess),
+		AttrDeliveryAttempt.Int(msg.Attempt)}, m...)
 	if msg.ID != "" {
 		attrs = append(attrs, semconv.MessagingMessageID(msg.ID))
 	}
@@ -88,22 +91,26 @@ func (c *natsCore) startProcess(base context.Context, msg *Message, durable stri
 		parent = trace.ContextWithRemoteSpanContext(base, producer)
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
 	}
-	_, span := c.tracer.Start(parent, "process "+template, opts...)
+	_, span := c.tracer.Start(parent, "process "+c.subs.ingestTemplate(), opts...)
+	o := c.metrics.startOp(span, opProcess, messagingconv.OperationTypeProcess, m)
+	o.tenant, o.messages = msg.Topic().Tenant, 1
 	// The handler's ctx is base with the span: the producer's context is its parent
 	// only, so cancellation stays the consumer's.
-	return trace.ContextWithSpan(base, span), span
+	return trace.ContextWithSpan(base, span), o
 }
 
 // startReplay starts the client span of one ReplaySince on partition's topics, read
 // from the history.
-func (c *natsCore) startReplay(ctx context.Context, partition int) (context.Context, trace.Span) {
+// Its operation counts the messages the replay sent as consumed.
+func (c *natsCore) startReplay(ctx context.Context, topic Topic, partition int) (context.Context, *operation) {
 	template := c.subs.ingestTemplate()
-	attrs := append(destination(template),
-		semconv.MessagingOperationTypeReceive, semconv.MessagingOperationName(opReplay),
-		semconv.MessagingDestinationPartitionID(strconv.Itoa(partition)),
-	)
-	return c.tracer.Start(ctx, "replay "+template,
+	m := measured(template, partition)
+	attrs := append([]attribute.KeyValue{natsSystem, semconv.MessagingOperationTypeReceive, semconv.MessagingOperationName(opReplay)}, m...)
+	ctx, span := c.tracer.Start(ctx, "replay "+template,
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	o := c.metrics.startOp(span, opReplay, messagingconv.OperationTypeReceive, m)
+	o.tenant = topic.Tenant
+	return ctx, o
 }
 
 // endSpan ends span with err as its status and error.type.

@@ -126,7 +126,10 @@ func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Han
 	}
 	d.wake = sync.NewCond(&d.mu)
 	d.room = sync.NewCond(&d.mu)
-	d.part, d.forget = c.addPart(fmt.Sprintf("worker %q", durable))
+	var forgetPart func()
+	d.part, forgetPart = c.addPart(fmt.Sprintf("worker %q", durable))
+	forgetWorker := c.addWorker(d)
+	d.forget = func() { forgetPart(); forgetWorker() }
 	d.pool.Add(policy.concurrency)
 	for range policy.concurrency {
 		go d.runLanes()

@@ -26,7 +26,7 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 	ctx, span := d.core.startProcess(d.ctx, e.msg, d.durable, e.part)
 	e.msg.Ctx = ctx
 	var err error
-	defer func() { endSpan(span, err) }()
+	defer func() { span.end(err) }()
 	// An event delivered beyond MaxDeliveries that never failed here (its handler
 	// returned without settling, the ack wait ran out, or a process died in it) is
 	// still handed to the handler: only a failure proves it poison, and a host that

@@ -115,6 +115,7 @@ type demoRun struct {
 	mu        sync.Mutex
 	published int // publishes the broker confirmed
 	batches   int // PublishBatch calls the broker confirmed
+	replayed  int // events the replays sent
 	fleet     demoFleet
 	hubSeen   int
 	hubLast   map[mq.TenantID]int
@@ -197,12 +198,15 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 	}()
 
 	// 1. The broker, listening on loopback as well: the dead-letter reader connects
-	// to it with a client of its own (see demo_deadletter.go).
+	// to it with a client of its own (see demo_deadletter.go). Its metrics and spans
+	// are kept for the summary (see demo_telemetry.go).
+	tel := newDemoTelemetry()
+	defer tel.shutdown()
 	var broker *mq.EmbeddedNATS
 	if err := d.step("start embedded broker", func() error {
 		var err error
 		broker, err = mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, ListenAddr: "127.0.0.1:0",
-			Topology: d.topo, Logger: logger})
+			Topology: d.topo, Logger: logger, MeterProvider: tel.meters, TracerProvider: tel.tracer})
 		if err != nil {
 			return err
 		}
@@ -337,6 +341,7 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		}
 		d.check("replayed "+d.plan.replayTo.String()+" since the cut", since, d.plan.count(d.plan.replayTo, d.plan.half))
 		d.check("replayed "+d.plan.replayTo.String()+" since the beginning", all, d.plan.count(d.plan.replayTo, 0))
+		d.replayed = since + all
 		d.printf("since the cut: %d events; since the beginning: %d events", since, all)
 		return nil
 	}); err != nil {
@@ -355,6 +360,8 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 
 	// 8. Shut down.
 	var stats mq.Stats
+	var metrics map[string]demoSeries
+	var traces demoTraces
 	if err := d.step("stop and close", func() error {
 		d.stopWorkers()
 		stopHub()
@@ -362,6 +369,11 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 		if stats, err = broker.Stats(); err != nil {
 			return fmt.Errorf("stats: %w", err)
 		}
+		// Read once no handler call runs and before Close ends the gauges.
+		if metrics, err = tel.collect(ctx); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		traces = tel.traces()
 		closed = true
 		if err := broker.Close(); err != nil {
 			return fmt.Errorf("close: %w", err)
@@ -383,8 +395,10 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 	problems := slices.Clone(d.problems)
 	d.mu.Unlock()
 	d.check("unexpected deliveries (decode, topic, order, settle)", len(problems), 0)
+	d.checkTelemetry(metrics, traces)
 
 	d.summary(dl, time.Since(begin))
+	telemetrySummary(d.out, metrics, traces)
 	for _, p := range problems {
 		fmt.Fprintf(d.out, "problem: %s\n", p)
 	}

@@ -129,3 +129,79 @@ func TestReadParkedReadsEveryParkedEventWithItsHeaders(t *testing.T) {
 		t.Fatal("no listener: want an error")
 	}
 }
+
+// TestDemoEndsWithAMetricsAndTraceSummaryMatchingItsCounts runs the demo, small: it
+// passes only if every metric check matches, and its output ends with the metrics
+// and the spans, one trace shared by a publish and its delivery.
+func TestDemoEndsWithAMetricsAndTraceSummaryMatchingItsCounts(t *testing.T) {
+	code, stdout, stderr := runArgs(t, "demo", "-events", "20")
+	if code != 0 {
+		t.Fatalf("demo: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	phases, metrics, spans := strings.Index(stdout, "\nphases\n"), strings.Index(stdout, "\nmetrics (OpenTelemetry"), strings.Index(stdout, "\nspans\n")
+	if phases < 0 || metrics < phases || spans < metrics {
+		t.Fatalf("want phases, then metrics, then spans:\n%s", stdout)
+	}
+	// A row's words, whatever the columns' widths.
+	row := func(prefix string) string {
+		for _, line := range strings.Split(stdout, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), prefix) {
+				return strings.Join(strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), prefix)), " ")
+			}
+		}
+		return ""
+	}
+	for prefix, want := range map[string]string{
+		"metric messaging.client.sent.messages, publish ": "80 80 ok",
+		"metric mq.dead_letter.parked":                    "1 1 ok",
+		"a publish and its delivery share a trace":        "true true ok",
+		"messaging.client.sent.messages ":                 "counter 82 dead_letter=1, publish=80, publish [mq.ErrQueueFull]=1",
+		"send wh.ingest.{partition}.{tenant}.{table}":     "45",
+	} {
+		if got := row(prefix); got != want {
+			t.Errorf("row %q: %q, want %q", prefix, got, want)
+		}
+	}
+	// Handler calls vary with redeliveries; the poison event's failed attempts do not.
+	if got := row("messaging.process.duration "); !strings.HasSuffix(got, "process [_OTHER]=3") {
+		t.Errorf("process duration row %q: want the 3 poison attempts with error.type _OTHER", got)
+	}
+	if !strings.Contains(stdout[spans:], "\" and its delivery \"process ") {
+		t.Errorf("no trace shared by a publish and its delivery:\n%s", stdout[spans:])
+	}
+}
+
+// TestDemoTelemetryChecksCatchEveryMismatch feeds the checks counts that differ from
+// the demo's by one each, and no shared trace.
+func TestDemoTelemetryChecksCatchEveryMismatch(t *testing.T) {
+	d, _ := newTestDemoRun()
+	d.batches, d.replayed, d.fleet.calls = 4, 7, 30
+	d.fleet.poison = make([]poisonAttempt, 3)
+	series := func(name string, by map[string]float64) demoSeries { return demoSeries{name: name, by: by} }
+	singles := float64(d.plan.half * len(demoTenants))
+	right := map[string]demoSeries{
+		"messaging.client.sent.messages":      series("", map[string]float64{"publish": float64(d.plan.total), "publish [mq.ErrQueueFull]": 1}),
+		"messaging.client.operation.duration": series("", map[string]float64{"publish": singles + 4}),
+		"messaging.client.consumed.messages":  series("", map[string]float64{"process": 30, "replay": 7}),
+		"messaging.process.duration":          series("", map[string]float64{"process [_OTHER]": 3}),
+		"mq.dead_letter.parked":               series("", map[string]float64{"orders": 1}),
+	}
+	d.checkTelemetry(right, demoTraces{sharedBySendAndProc: true})
+	for _, c := range d.checks {
+		if c.got != c.want {
+			t.Fatalf("right counts: %s: got %s, want %s", c.what, c.got, c.want)
+		}
+	}
+	n := len(d.checks)
+	for _, s := range right {
+		for k := range s.by {
+			s.by[k]++
+		}
+	}
+	d.checkTelemetry(right, demoTraces{})
+	for _, c := range d.checks[n:] {
+		if c.got == c.want {
+			t.Errorf("off by one: %s still matches (%s)", c.what, c.got)
+		}
+	}
+}
