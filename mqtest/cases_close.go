@@ -14,20 +14,73 @@ import (
 
 func deliveryEndCases() []testCase {
 	return []testCase{
-		{"FailedOnceWhenDeliveryEnds", always, failedOnceWhenDeliveryEnds},
-		{"FailedNeverAfterStop", always, failedNeverAfterStop},
+		{
+			name: "FailedOnceWhenDeliveryEnds",
+			proves: "Delivery ended from outside is reported on failed exactly once, however many " +
+				"delivery units it ended on, with an error wrapping ErrDeliveryEnded.",
+			hooks:     []string{"EndDelivery"},
+			publishes: "1 event each on acme/prime and globex/prime",
+			run:       failedOnceWhenDeliveryEnds,
+		},
+		{
+			name: "FailedNeverAfterStop",
+			proves: "A stop by the caller is never a failure, even when delivery then ends from " +
+				"outside.",
+			hooks:     []string{"EndDelivery"},
+			publishes: "1 event each on acme/prime and globex/prime",
+			run:       failedNeverAfterStop,
+		},
 	}
 }
 
 func closeCases() []testCase {
 	return []testCase{
-		{"CloseIsIdempotent", always, closeIsIdempotent},
-		{"EveryMethodAfterCloseReturnsErrClosed", always, everyMethodAfterClose},
-		{"StatsAfterCloseReturnsErrClosed", always, statsAfterClose},
-		{"ConsumeAfterCloseReturnsErrClosed", always, consumeAfterClose},
-		{"CloseStopsConsumeWithoutReportingFailed", always, closeStopsConsume},
-		{"NoHandlerStartsAfterCloseReturns", always, noHandlerAfterClose},
-		{"SettlingAHeldMessageAfterCloseReturnsErrClosed", always, settleAfterClose},
+		{
+			name:      "CloseIsIdempotent",
+			proves:    "Close twice returns nil twice.",
+			publishes: "1 event on acme/t",
+			run:       closeIsIdempotent,
+		},
+		{
+			name: "EveryMethodAfterCloseReturnsErrClosed",
+			proves: "After Close, every method that returns an error returns one wrapping " +
+				"ErrClosed.",
+			publishes: "1 event on acme/t; refused calls after Close",
+			run:       everyMethodAfterClose,
+		},
+		{
+			name:      "StatsAfterCloseReturnsErrClosed",
+			proves:    "Stats after Close returns an error wrapping ErrClosed.",
+			publishes: "nothing",
+			run:       statsAfterClose,
+		},
+		{
+			name:      "ConsumeAfterCloseReturnsErrClosed",
+			proves:    "A consumer created before Close cannot start delivery after it.",
+			publishes: "nothing",
+			run:       consumeAfterClose,
+		},
+		{
+			name:      "CloseStopsConsumeWithoutReportingFailed",
+			proves:    "Close stops a running Consume; it reports nothing on failed.",
+			publishes: "1 event each on acme/prime and globex/prime",
+			run:       closeStopsConsume,
+		},
+		{
+			name: "NoHandlerStartsAfterCloseReturns",
+			proves: "Once Close returned, no Subscribe or Consume handler call begins, even with " +
+				"deliveries in flight when it was called.",
+			publishes: "200 events on acme/t",
+			run:       noHandlerAfterClose,
+		},
+		{
+			name: "SettlingAHeldMessageAfterCloseReturnsErrClosed",
+			proves: "A message the worker delivered and the handler held unsettled (as for a " +
+				"batch) cannot be settled once the broker is closed: every settle method " +
+				"returns an error wrapping ErrClosed.",
+			publishes: "1 event on acme/held",
+			run:       settleAfterClose,
+		},
 	}
 }
 
@@ -40,9 +93,6 @@ func (e *env) prime(c consumer) {
 	assert.ElementsMatch(e.t, []string{"acme", "globex"}, datas(next(e.t, c.deliveries, 2)))
 }
 
-// failedOnceWhenDeliveryEnds: delivery ended from outside is reported on failed exactly
-// once, however many delivery units it ended on, with an error wrapping
-// ErrDeliveryEnded.
 func failedOnceWhenDeliveryEnds(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -65,8 +115,6 @@ func failedOnceWhenDeliveryEnds(t *testing.T, h Harness) {
 	}
 }
 
-// failedNeverAfterStop: a stop by the caller is never a failure, even when delivery
-// then ends from outside.
 func failedNeverAfterStop(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -76,7 +124,6 @@ func failedNeverAfterStop(t *testing.T, h Harness) {
 	noFailure(t, c.failed)
 }
 
-// closeIsIdempotent: Close twice returns nil twice.
 func closeIsIdempotent(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "t", ""), "x")
@@ -85,8 +132,6 @@ func closeIsIdempotent(t *testing.T, h Harness) {
 	assert.NoError(t, e.b.Close(), "third Close")
 }
 
-// everyMethodAfterClose: after Close, every method that returns an error returns one
-// wrapping ErrClosed.
 func everyMethodAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "t", "")
@@ -109,7 +154,6 @@ func everyMethodAfterClose(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrClosed, "PurgeAcked")
 }
 
-// statsAfterClose: Stats after Close returns an error wrapping ErrClosed.
 func statsAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	_, err := e.b.Stats()
@@ -119,7 +163,6 @@ func statsAfterClose(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrClosed, "Stats")
 }
 
-// consumeAfterClose: a consumer created before Close cannot start delivery after it.
 func consumeAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
@@ -132,7 +175,6 @@ func consumeAfterClose(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrClosed, "Consume after Close")
 }
 
-// closeStopsConsume: Close stops a running Consume; it reports nothing on failed.
 func closeStopsConsume(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -141,8 +183,6 @@ func closeStopsConsume(t *testing.T, h Harness) {
 	noFailure(t, c.failed)
 }
 
-// noHandlerAfterClose: once Close returned, no Subscribe or Consume handler call
-// begins, even with deliveries in flight when it was called.
 func noHandlerAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	var closed atomic.Bool
@@ -179,9 +219,6 @@ func noHandlerAfterClose(t *testing.T, h Harness) {
 	noFailure(t, failed)
 }
 
-// settleAfterClose: a message the worker delivered and the handler held unsettled (as
-// for a batch) cannot be settled once the broker is closed: every settle method
-// returns an error wrapping ErrClosed.
 func settleAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, func(*mq.Message) error { return nil })

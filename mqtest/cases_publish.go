@@ -15,15 +15,69 @@ import (
 
 func publishCases() []testCase {
 	return []testCase{
-		{"RoundTrip", always, roundTrip},
-		{"TopicDecodesHardNamesOnEveryPath", always, topicDecodesHardNames},
-		{"ConcurrentPublishersLoseNothingAndKeepEachPublishersOrder", always, concurrentPublishers},
-		{"IdempotencyKeyStoresOneEvent", always, idempotencyKeyStoresOnce},
-		{"HeadersRoundTripToConsume", always, headersRoundTripToConsume},
-		{"HeadersRoundTripToSubscribeAndReplay", always, headersRoundTripToHubAndReplay},
-		{"EmptyPayloadRoundTrips", always, emptyPayloadRoundTrips},
-		{"DeliveriesCarryTheStoredTimestamp", always, deliveriesCarryTimestamp},
-		{"NewBrokersAreIsolated", always, newBrokersAreIsolated},
+		{
+			name: "RoundTrip",
+			proves: "Events published before the durable exists are delivered to it, each with " +
+				"its topic decoded back exactly, its key, and CreateConsumer's context.",
+			publishes: "3 events on acme/events, acme/<hard table>/<hard scope> and globex/events/x, " +
+				"before the durable exists",
+			run: roundTrip,
+		},
+		{
+			name: "TopicDecodesHardNamesOnEveryPath",
+			proves: "Tables and scopes with dots, wildcards, spaces, percent signs, unicode and " +
+				"invalid UTF-8 come back exactly from Subscribe, Consume and ReplaySince.",
+			publishes: "7 events, one per hard topic (unicode, invalid UTF-8, dots, wildcards, %, " +
+				"blanks) of acme and globex",
+			run: topicDecodesHardNames,
+		},
+		{
+			name: "ConcurrentPublishersLoseNothingAndKeepEachPublishersOrder",
+			proves: "32 goroutines publishing at once, half for each tenant, lose nothing, store " +
+				"nothing twice, and every publisher's events reach the hub, the worker and " +
+				"the history in the order it published them.",
+			publishes: "640 events from 32 goroutines, 20 each, on acme/conc and globex/conc",
+			run:       concurrentPublishers,
+		},
+		{
+			name: "IdempotencyKeyStoresOneEvent",
+			proves: "A second publish with the same idempotency key succeeds and stores nothing; " +
+				"another key stores again.",
+			publishes: "4 events on acme/idem, two with the same idempotency key",
+			run:       idempotencyKeyStoresOnce,
+		},
+		{
+			name:      "HeadersRoundTripToConsume",
+			proves:    "Option headers reach the worker exactly as published.",
+			publishes: "1 event with option headers on acme/hdr, 1 without on globex/hdr",
+			run:       headersRoundTripToConsume,
+		},
+		{
+			name:      "HeadersRoundTripToSubscribeAndReplay",
+			proves:    "Option headers reach the hub and the replay exactly.",
+			publishes: "1 event with option headers on acme/hdr/s",
+			run:       headersRoundTripToHubAndReplay,
+		},
+		{
+			name:      "EmptyPayloadRoundTrips",
+			proves:    "An event with no data is stored and delivered with no data.",
+			publishes: "3 events on acme/empty: nil data, empty data, a fence",
+			run:       emptyPayloadRoundTrips,
+		},
+		{
+			name: "DeliveriesCarryTheStoredTimestamp",
+			proves: "Every path sets Message.Timestamp to when the event was stored: not zero, " +
+				"and (allowing any clock skew under an hour) around now.",
+			publishes: "1 event on acme/ts",
+			run:       deliveriesCarryTimestamp,
+		},
+		{
+			name: "NewBrokersAreIsolated",
+			proves: "Two brokers from Harness.New share nothing: events published on one are not " +
+				"replayed, delivered or counted on the other.",
+			publishes: "on one of two brokers: 1 event on acme/iso and 1 park",
+			run:       newBrokersAreIsolated,
+		},
 	}
 }
 
@@ -35,8 +89,6 @@ const (
 
 type markerKey struct{}
 
-// roundTrip: events published before the durable exists are delivered to it, each with
-// its topic decoded back exactly, its key, and CreateConsumer's context.
 func roundTrip(t *testing.T, h Harness) {
 	e := setup(t, h)
 	topics := []mq.Topic{
@@ -68,8 +120,6 @@ func roundTrip(t *testing.T, h Harness) {
 	none(t, c.deliveries)
 }
 
-// topicDecodesHardNames: tables and scopes with dots, wildcards, spaces, percent signs,
-// unicode and invalid UTF-8 come back exactly from Subscribe, Consume and ReplaySince.
 func topicDecodesHardNames(t *testing.T, h Harness) {
 	e := setup(t, h)
 	topics := []mq.Topic{
@@ -117,9 +167,6 @@ func topicDecodesHardNames(t *testing.T, h Harness) {
 	}
 }
 
-// concurrentPublishers: 32 goroutines publishing at once, half for each tenant, lose
-// nothing, store nothing twice, and every publisher's events reach the hub, the worker
-// and the history in the order it published them.
 func concurrentPublishers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	const publishers, each = 32, 20
@@ -182,8 +229,6 @@ func seqInts(n int) []int {
 	return out
 }
 
-// idempotencyKeyStoresOnce: a second publish with the same idempotency key succeeds and
-// stores nothing; another key stores again.
 func idempotencyKeyStoresOnce(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "idem", "")
@@ -217,7 +262,6 @@ func assertPublishedHeaders(t *testing.T, path string, got mq.Headers) {
 	assert.Empty(t, hasReservedHeader(got), "%s: the broker's own bookkeeping header leaked: %v", path, got)
 }
 
-// headersRoundTripToConsume: option headers reach the worker exactly as published.
 func headersRoundTripToConsume(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "hdr", ""), "with headers", publishedHeaders()...)
@@ -236,7 +280,6 @@ func headersRoundTripToConsume(t *testing.T, h Harness) {
 	}
 }
 
-// headersRoundTripToHubAndReplay: option headers reach the hub and the replay exactly.
 func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("headers")
@@ -256,7 +299,6 @@ func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 	assertPublishedHeaders(t, "replay", got[0].Headers)
 }
 
-// emptyPayloadRoundTrips: an event with no data is stored and delivered with no data.
 func emptyPayloadRoundTrips(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "empty", "")
@@ -270,8 +312,6 @@ func emptyPayloadRoundTrips(t *testing.T, h Harness) {
 	assert.Equal(t, []string{"", "", "fence"}, datas(next(t, c.deliveries, 3)))
 }
 
-// deliveriesCarryTimestamp: every path sets Message.Timestamp to when the event was
-// stored: not zero, and (allowing any clock skew under an hour) around now.
 func deliveriesCarryTimestamp(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "ts", "")
@@ -292,8 +332,6 @@ func deliveriesCarryTimestamp(t *testing.T, h Harness) {
 	}))
 }
 
-// newBrokersAreIsolated: two brokers from Harness.New share nothing: events published
-// on one are not replayed, delivered or counted on the other.
 func newBrokersAreIsolated(t *testing.T, h Harness) {
 	a := setup(t, h)
 	b := setup(t, h)

@@ -34,6 +34,7 @@
 package mqtest
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -165,15 +166,37 @@ type Caps struct {
 	SharedConsumers bool
 }
 
-// testCase is one conformance case. skip returns a reason when the harness cannot run
-// it, or "".
-type testCase struct {
-	name string
-	skip func(h Harness) string
-	run  func(t *testing.T, h Harness)
+// Case describes one conformance case, for the author of a broker reading why it
+// failed: Run runs it as the subtest Name.
+type Case struct {
+	// Name is the subtest's name: a failure reads TestYourBroker_Conformance/Name.
+	Name string
+	// Proves is the behaviour the case checks, as the contract in package mq states it.
+	Proves string
+	// Hooks are the Harness fields besides New the case uses (EndDelivery, Fill,
+	// DeadLetters, Restart, TooLarge). A case whose hook the harness leaves nil is
+	// skipped, or (DeadLetters, TooLarge) checks less or takes the default.
+	Hooks []string
+	// Flags are the Caps flags that change what the case expects; the case checks
+	// the declared value both ways, so a wrong flag fails it.
+	Flags []string
+	// Publishes is what the case stores: tenants, topics (tenant/table[/scope]) and
+	// roughly how many events. Tenants besides Acme and Globex are budgeted by the
+	// case with SetMaxBytes.
+	Publishes string
 }
 
-func always(Harness) string { return "" }
+// testCase is one conformance case: its description (see Case) and how it runs. skip
+// returns a reason when the harness cannot run it, or ""; nil never skips.
+type testCase struct {
+	name      string
+	proves    string
+	hooks     []string
+	flags     []string
+	publishes string
+	skip      func(h Harness) string
+	run       func(t *testing.T, h Harness)
+}
 
 func needFill(h Harness) string {
 	if h.Fill == nil {
@@ -206,6 +229,21 @@ func cases() []testCase {
 	return all
 }
 
+// Cases describes every case Run runs, in the order it runs them.
+func Cases() []Case {
+	var out []Case
+	for _, c := range cases() {
+		out = append(out, Case{
+			Name:      c.name,
+			Proves:    c.proves,
+			Hooks:     slices.Clone(c.hooks),
+			Flags:     slices.Clone(c.flags),
+			Publishes: c.publishes,
+		})
+	}
+	return out
+}
+
 // CaseNames returns the name of every case Run runs, in order.
 func CaseNames() []string {
 	var names []string
@@ -233,8 +271,10 @@ func Run(t *testing.T, h Harness) {
 		}
 		seen[c.name] = true
 		t.Run(c.name, func(t *testing.T) {
-			if reason := c.skip(h); reason != "" {
-				t.Skipf("the harness excludes this case: %s", reason)
+			if c.skip != nil {
+				if reason := c.skip(h); reason != "" {
+					t.Skipf("the harness excludes this case: %s", reason)
+				}
 			}
 			t.Parallel()
 			c.run(t, h)
