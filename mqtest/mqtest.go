@@ -34,7 +34,6 @@
 package mqtest
 
 import (
-	"slices"
 	"testing"
 	"time"
 
@@ -227,21 +226,6 @@ func cases() []testCase {
 		all = append(all, group...)
 	}
 	return all
-}
-
-// Cases describes every case Run runs, in the order it runs them.
-func Cases() []Case {
-	var out []Case
-	for _, c := range cases() {
-		out = append(out, Case{
-			Name:      c.name,
-			Proves:    c.proves,
-			Hooks:     slices.Clone(c.hooks),
-			Flags:     slices.Clone(c.flags),
-			Publishes: c.publishes,
-		})
-	}
-	return out
 }
 
 // CaseNames returns the name of every case Run runs, in order.
