@@ -138,7 +138,10 @@ func withCaseTable(readme string, cs []Case) (string, error) {
 	return readme[:begin] + b.String() + readme[end:], nil
 }
 
-func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+// cell escapes what Markdown would read as a column break or an HTML tag.
+func cell(s string) string {
+	return strings.NewReplacer("|", `\|`, "<", "&lt;", ">", "&gt;").Replace(s)
+}
 
 // wrap breaks text into lines of at most width bytes, at spaces.
 func wrap(text string, width int) []string {
