@@ -69,6 +69,7 @@ func TestExternalNATS_Conformance(t *testing.T) {
 			ConcurrentTenants: true,
 			HandsBackOnStop:   true,
 			SharedConsumers:   true,
+			AtomicBatch:       true,
 		},
 	})
 }

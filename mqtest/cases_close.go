@@ -1,6 +1,7 @@
 package mqtest
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,15 @@ func closeCases() []testCase {
 				"deliveries in flight when it was called.",
 			publishes: "200 events on acme/t",
 			run:       noHandlerAfterClose,
+		},
+		{
+			name: "NoRetryOrQueuedCallStartsAfterCloseReturns",
+			proves: "Close while one tenant's event waits for its retry (RetryDelay 100 ms) with " +
+				"events queued behind it, and another tenant's call is in flight with events " +
+				"behind it: Close waits for that call, and once it returned no handler call " +
+				"begins, neither the retry nor a queued event, and failed reports nothing.",
+			publishes: "4 events each on acme/t and globex/t",
+			run:       noRetryAfterClose,
 		},
 		{
 			name: "SettlingAHeldMessageAfterCloseReturnsErrClosed",
@@ -238,4 +248,62 @@ func settleAfterClose(t *testing.T, h Harness) {
 		err := s.settle()
 		assert.ErrorIs(t, err, mq.ErrClosed, "%s after Close: %v", s.name, err)
 	}
+}
+
+func noRetryAfterClose(t *testing.T, h Harness) {
+	e := setup(t, h)
+	var closed atomic.Bool
+	var late, failures atomic.Int64
+	inFlight, release := make(chan struct{}, 1), make(chan struct{})
+	cons, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable, RetryDelay: 100 * time.Millisecond, MaxRetryDelay: 100 * time.Millisecond})
+	require.NoError(t, err)
+	stop, failed, err := cons.Consume(func(m *mq.Message) error {
+		if closed.Load() {
+			late.Add(1)
+		}
+		switch string(m.Data) {
+		case "fails":
+			failures.Add(1)
+			return errors.New("mqtest: fails until the broker closes")
+		case "in flight":
+			select {
+			case inFlight <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+		return nil // left unsettled: nothing acks after Close
+	}, 16)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	for _, tenant := range []mq.TenantID{Acme, Globex} {
+		first := "fails"
+		if tenant == Globex {
+			first = "in flight"
+		}
+		e.publish(topic(tenant, "t", ""), first)
+		for i := range 3 {
+			e.publish(topic(tenant, "t", ""), fmt.Sprint("queued ", i))
+		}
+	}
+	select {
+	case <-inFlight:
+	case <-time.After(wait):
+		t.Fatalf("globex's call never began within %s", wait)
+	}
+	require.True(t, eventually(func() bool { return failures.Load() > 0 }), "acme's event never failed")
+	closing := make(chan error, 1)
+	go func() { closing <- e.b.Close() }()
+	time.Sleep(quiet / 3) // let Close begin while globex's call runs
+	close(release)
+	select {
+	case err := <-closing:
+		require.NoError(t, err)
+	case <-time.After(3 * wait):
+		t.Fatalf("Close did not return within %s of the call in flight returning", 3*wait)
+	}
+	closed.Store(true)
+	time.Sleep(quiet) // three retry delays
+	assert.Zero(t, late.Load(), "handler calls began after Close returned")
+	noFailure(t, failed)
 }

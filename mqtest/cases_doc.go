@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 97 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 111 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -34,6 +34,14 @@ import "slices"
 //   - HeadersRoundTripToSubscribeAndReplay: Option headers reach the hub and the replay
 //     exactly. Publishes: 1 event with option headers on acme/hdr/s.
 //
+//   - DeliveredHeadersAreExactlyThePublishedOnesWithoutTheIdempotencyKey: On Consume,
+//     Subscribe and ReplaySince an event's Headers are exactly the option headers it
+//     was published with, nothing added but the propagator's trace-context fields: no
+//     idempotency key (Nats-Msg-Id), no broker bookkeeping (a batch's ids included),
+//     whether published with Publish, a pipelined batch or, with Caps.AtomicBatch, an
+//     atomic one. Publishes: keyed and unkeyed events on acme/exact by Publish and
+//     PublishBatch. Flags: AtomicBatch.
+//
 //   - EmptyPayloadRoundTrips: An event with no data is stored and delivered with no
 //     data. Publishes: 3 events on acme/empty: nil data, empty data, a fence.
 //
@@ -44,6 +52,54 @@ import "slices"
 //   - NewBrokersAreIsolated: Two brokers from Harness.New share nothing: events
 //     published on one are not replayed, delivered or counted on the other. Publishes:
 //     on one of two brokers: 1 event on acme/iso and 1 park.
+//
+//   - PublishBatchStoresEveryEventInBatchOrderAcrossTablesAndScopes: A pipelined batch
+//     of one tenant's events over several tables and scopes is stored whole: the worker
+//     gets every event once, in batch order, with its topic and headers; the hub gets
+//     them in batch order too; each topic's replay holds exactly its own events, in
+//     order. Another tenant's batch does not mix in. Publishes: a batch of 30 events
+//     over acme/a, acme/a/s, acme/b and acme/<hard table>, and a batch of 5 on
+//     globex/a.
+//
+//   - PublishBatchRetriedWithIdempotencyKeysStoresEachEventOnce: A batch whose events
+//     carry idempotency keys, sent again (as a caller retries after an error), stores
+//     each event once; a batch that repeats some keys and adds others stores only the
+//     new ones. With Caps.AtomicBatch the same holds for an atomic batch. Publishes:
+//     keyed batches on acme/idem, each sent twice, and a fence. Flags: AtomicBatch.
+//
+//   - PublishBatchRefusesAnInvalidEventWholeAndStoresNothing: A batch with one bad
+//     event (no table, an invalid tenant, a reserved or uncarriable header, a payload
+//     over Harness.TooLarge) is refused whole with the sentinel Publish would return
+//     (ErrInvalidTopic, ErrInvalidTenant, ErrInvalidHeader, ErrPayloadTooLarge),
+//     pipelined and, with Caps.AtomicBatch, atomic: none of its good events is stored.
+//     Publishes: refused batches on acme/bad; 1 fence. Hooks: TooLarge. Flags:
+//     AtomicBatch.
+//
+//   - PublishBatchOverTheBudgetIsRefusedWholeWithErrQueueFull: With PerTenantBudget, a
+//     batch of 8 KiB for a tenant with a 4 KiB budget is refused with ErrQueueFull and
+//     none of it is stored, while a batch that fits is stored and another tenant
+//     publishes; without it, the batch is stored whole. Publishes: a batch of 8 events
+//     of 1 KiB and one of 2 small events on acme/budget, a batch on globex/budget.
+//     Flags: PerTenantBudget.
+//
+//   - AnEmptyBatchIsANoOp: A batch with no events, pipelined or atomic, nil or empty,
+//     returns nil and stores nothing, also for a tenant that has no budget. Publishes:
+//     empty batches for acme and initech; 1 fence on acme/empty.
+//
+//   - AnAtomicBatchStoresEverythingInOrderOrIsUnsupportedExactlyAsAtomicBatchIsDeclared:
+//     With Caps.AtomicBatch an atomic batch over several tables and scopes is stored
+//     whole, in batch order, on every path; without it, it is refused with an error
+//     wrapping errors.ErrUnsupported, nothing of it is stored, and the same events
+//     still go out as a pipelined batch. Publishes: an atomic batch of 20 events over
+//     acme/a, acme/a/s and acme/b. Flags: AtomicBatch.
+//
+//   - PublishBatchWithADoneContextReturnsTheContextsError: PublishBatch under a
+//     cancelled or expired context returns that context's error, never ErrQueueFull.
+//     Publishes: batches on acme/ctx under done contexts, then 1 event.
+//
+//   - PublishBatchAfterCloseReturnsErrClosed: After Close, PublishBatch (pipelined or
+//     atomic) returns an error wrapping ErrClosed. Publishes: 1 event on acme/t before
+//     Close.
 //
 //   - RefusesATopicWithoutATenant: A topic without a valid tenant is invalid input,
 //     never backpressure: Publish and ReplaySince refuse it with ErrInvalidTopic, not
@@ -178,6 +234,32 @@ import "slices"
 //     and a sequence that grows in publish order within a tenant; none of it shows up
 //     among the headers. Publishes: events on acme/meta, with and without an
 //     idempotency key.
+//
+//   - InProgressKeepsAnEventFromComingBackWhileItsHandlerWorks: Under an AckWait of 200
+//     ms, a handler that works for 800 ms and calls InProgress every 50 ms (each call
+//     returning nil) gets its event once: no redelivery during the call or after its
+//     ack, and the tenant's next event follows. A broker whose ack wait is the
+//     operator's (AckWaitRedelivers false) passes the same way. Publishes: 2 events on
+//     acme/slow.
+//
+//   - ARedeliveredEventKeepsItsTenantsOrder: The first event of each of two tenants is
+//     nak'ed once by its handler (acme's with Nak, globex's with NakWithDelay of 100
+//     ms): each comes back (Attempt 2) before any later event of its tenant begins, and
+//     every later event is then handled once, in publish order, never alongside another
+//     call of its tenant. Publishes: 10 events each on acme/t and globex/t.
+//
+//   - SettlingAStaleDeliveryLateNeitherLosesNorRevivesItsEvent: With AckWaitRedelivers,
+//     an event whose first two deliveries the handler keeps unsettled comes back a
+//     third time; a Nak of the first (stale) delivery meanwhile does not lose it. Once
+//     the third delivery is acked, settling the stale ones (Ack, DoubleAck, Nak)
+//     returns nil or an error, never panics, and the event is not delivered again; the
+//     tenant goes on. Publishes: 2 events on acme/stale. Flags: AckWaitRedelivers.
+//
+//   - ConsumeCarriesTheTraceContextAndCreateConsumersContext: On the worker path
+//     Message.Ctx carries a valid span context with the publisher's trace id (Publish
+//     and PublishBatch under a span alike) and keeps CreateConsumer's context values;
+//     the headers carry the trace context. Publishes: 1 event on acme/traced and a
+//     batch of 2 on acme/traced, under a span.
 //
 //   - AFailedEventComesBackWithAGrowingAttemptBeforeItsTenantsNextWhileOtherTenantsGoOn:
 //     A failed event is delivered again, its Attempt one higher each time, and never
@@ -436,6 +518,12 @@ import "slices"
 //   - NoHandlerStartsAfterCloseReturns: Once Close returned, no Subscribe or Consume
 //     handler call begins, even with deliveries in flight when it was called.
 //     Publishes: 200 events on acme/t.
+//
+//   - NoRetryOrQueuedCallStartsAfterCloseReturns: Close while one tenant's event waits
+//     for its retry (RetryDelay 100 ms) with events queued behind it, and another
+//     tenant's call is in flight with events behind it: Close waits for that call, and
+//     once it returned no handler call begins, neither the retry nor a queued event,
+//     and failed reports nothing. Publishes: 4 events each on acme/t and globex/t.
 //
 //   - SettlingAHeldMessageAfterCloseReturnsErrClosed: A message the worker delivered
 //     and the handler held unsettled (as for a batch) cannot be settled once the broker

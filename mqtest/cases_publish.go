@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
 
 	"github.com/wavehouse/mq"
 )
@@ -57,6 +58,17 @@ func publishCases() []testCase {
 			proves:    "Option headers reach the hub and the replay exactly.",
 			publishes: "1 event with option headers on acme/hdr/s",
 			run:       headersRoundTripToHubAndReplay,
+		},
+		{
+			name: "DeliveredHeadersAreExactlyThePublishedOnesWithoutTheIdempotencyKey",
+			proves: "On Consume, Subscribe and ReplaySince an event's Headers are exactly the " +
+				"option headers it was published with, nothing added but the propagator's " +
+				"trace-context fields: no idempotency key (Nats-Msg-Id), no broker " +
+				"bookkeeping (a batch's ids included), whether published with Publish, a " +
+				"pipelined batch or, with Caps.AtomicBatch, an atomic one.",
+			flags:     []string{"AtomicBatch"},
+			publishes: "keyed and unkeyed events on acme/exact by Publish and PublishBatch",
+			run:       deliveredHeadersAreExact,
 		},
 		{
 			name:      "EmptyPayloadRoundTrips",
@@ -348,4 +360,59 @@ func newBrokersAreIsolated(t *testing.T, h Harness) {
 	counts, err := b.b.DeadLetterCounts(b.ctx, Acme, "")
 	require.NoError(t, err)
 	assert.Zero(t, counts.Total, "broker b counts broker a's dead letter")
+}
+
+// withoutTraceContext is h less the fields the global propagator writes, never nil.
+func withoutTraceContext(h mq.Headers) mq.Headers {
+	out := mq.Headers{}
+	for k, v := range h {
+		out[k] = v
+	}
+	for _, f := range otel.GetTextMapPropagator().Fields() {
+		delete(out, f)
+	}
+	return out
+}
+
+func deliveredHeadersAreExact(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "exact", "")
+	hub := e.subscribe("exact-headers")
+	opts := func(key string) []mq.PublishOpt {
+		return []mq.PublishOpt{mq.WithIdempotencyKey(key), mq.WithHeader("X-One", "1"), mq.WithHeader("X-Two", "a"), mq.WithHeader("X-Two", "b")}
+	}
+	withOpts := mq.Headers{"X-One": {"1"}, "X-Two": {"a", "b"}}
+	want := map[string]mq.Headers{"keyed": withOpts, "only keyed": {}, "bare": {}}
+	e.publish(tp, "keyed", opts("key-1")...)
+	e.publish(tp, "only keyed", mq.WithIdempotencyKey("key-2"))
+	e.publish(tp, "bare")
+	for _, atomic := range []bool{false, true} {
+		if atomic && !h.Caps.AtomicBatch {
+			continue
+		}
+		keyedData, bareData := fmt.Sprintf("batch keyed, atomic %t", atomic), fmt.Sprintf("batch bare, atomic %t", atomic)
+		require.NoError(t, e.b.PublishBatch(e.ctx, mq.Batch{Tenant: Acme, Atomic: atomic, Events: []mq.BatchEvent{
+			{Table: tp.Table, Data: []byte(keyedData), Options: opts(fmt.Sprint("batch-key-", atomic))},
+			{Table: tp.Table, Data: []byte(bareData)},
+		}}), "publish a batch, atomic %t", atomic)
+		want[keyedData], want[bareData] = withOpts, mq.Headers{}
+	}
+	check := func(path string, data string, got mq.Headers) {
+		t.Helper()
+		w, ok := want[data]
+		require.True(t, ok, "%s: unexpected event %q", path, data)
+		assert.Equal(t, w, withoutTraceContext(got), "%s: the headers of %q", path, data)
+	}
+	for _, d := range next(t, hub, len(want)) {
+		check("subscribe", d.data, d.msg.Headers)
+	}
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	for _, d := range next(t, c.deliveries, len(want)) {
+		check("consume", d.data, d.msg.Headers)
+	}
+	e.replayReaches(tp, len(want))
+	require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		check("replay", string(m.Data), m.Headers)
+		return true
+	}))
 }

@@ -163,6 +163,12 @@ type Caps struct {
 	// False: a durable has one Consume at a time, and a second one while the first
 	// runs is refused with an error.
 	SharedConsumers bool
+
+	// AtomicBatch: PublishBatch honours Batch.Atomic. True: an atomic batch stores
+	// every event, in order, or none. False: the broker has no atomic batches and
+	// refuses one whole, storing nothing, with an error wrapping errors.ErrUnsupported;
+	// its pipelined batches work all the same.
+	AtomicBatch bool
 }
 
 // Case describes one conformance case, for the author of a broker reading why it
@@ -209,9 +215,11 @@ func cases() []testCase {
 	var all []testCase
 	for _, group := range [][]testCase{
 		publishCases(),
+		batchCases(),
 		inputCases(),
 		hubCases(),
 		consumeCases(),
+		redeliveryCases(),
 		workerCases(),
 		deliveryEndCases(),
 		replayCases(),
