@@ -235,12 +235,12 @@ import "slices"
 //     among the headers. Publishes: events on acme/meta, with and without an
 //     idempotency key.
 //
-//   - InProgressKeepsAnEventFromComingBackWhileItsHandlerWorks: Under an AckWait of 200
-//     ms, a handler that works for 800 ms and calls InProgress every 50 ms (each call
-//     returning nil) gets its event once: no redelivery during the call or after its
-//     ack, and the tenant's next event follows. A broker whose ack wait is the
-//     operator's (AckWaitRedelivers false) passes the same way. Publishes: 2 events on
-//     acme/slow.
+//   - InProgressKeepsAHeldEventFromComingBack: With AckWaitRedelivers, under an AckWait
+//     of 200 ms, an event the handler returned unsettled (held for a batch) and the
+//     host then keeps alive with InProgress every 50 ms (each returning nil) for 800 ms
+//     does not come back, nor after the host acks it; the tenant's next event is
+//     delivered meanwhile. (Held without InProgress it does come back: see
+//     AckWaitRedelivers.) Publishes: 2 events on acme/held. Flags: AckWaitRedelivers.
 //
 //   - ARedeliveredEventKeepsItsTenantsOrder: The first event of each of two tenants is
 //     nak'ed once by its handler (acme's with Nak, globex's with NakWithDelay of 100
