@@ -1,36 +1,3 @@
-// Package mqtest states, once, the behaviour the rest of a process relies on from an
-// [mq.Broker], as a conformance suite any broker can run.
-//
-// A broker author writes one test that calls [Run] with a [Harness]:
-//
-//	func TestMyBroker_Conformance(t *testing.T) {
-//		mqtest.Run(t, mqtest.Harness{
-//			New:         newBroker,       // a fresh, isolated broker per case
-//			EndDelivery: deleteDurable,   // end delivery of mqtest.Durable from outside
-//			Fill:        fillTenant,      // make the tenant's next Publish ErrQueueFull
-//			DeadLetters: readParked,      // optional: read parked events back
-//			Caps:        mqtest.Caps{PerTenantBudget: true /* ... */},
-//		})
-//	}
-//
-// Cases address events only by [mq.Topic] (tenant, table, optional scope), never by
-// stream, subject or partition, so a broker passes by behaving correctly, not by
-// copying another broker's layout. Where two brokers may legitimately differ, a
-// capability flag in [Caps] says which way, and every flag is checked by behaviour in
-// both directions: declaring true for something that does not work, or false for
-// something that does, fails a case. Nothing else is optional, except the cases that
-// need a hook the harness left nil, and the Health cases, which a broker that does not
-// implement [mq.HealthChecker] skips.
-//
-// Every case runs as a parallel subtest on its own broker from [Harness.New]. Waits for
-// something that should happen are bounded by a generous 5 s; something that must not
-// happen is watched for 300 ms. No case asserts how fast anything is; a delay the case
-// configured (a RetryDelay) is checked only as a lower bound between two calls.
-//
-// [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
-// propagator for the duration of the run (the trace case needs it) and restores the
-// previous one afterwards. Because that is global state, Run must not be called from a
-// parallel test, nor alongside other tests that read or set the global propagator.
 package mqtest
 
 import (
