@@ -18,7 +18,6 @@ func deadLetterWorkflowCases() []testCase {
 				"Mq-Dead-* one), after which it is no longer parked, and deletes the rest; " +
 				"another tenant's park is never touched. Skipped for a broker without the " +
 				"interface.",
-			hooks:     []string{"DeadLetters"},
 			publishes: "parks on acme/orders and globex/orders",
 			run:       redriveByIDAndDelete,
 		},

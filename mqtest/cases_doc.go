@@ -433,7 +433,7 @@ import "slices"
 //     by id to its own topic with its own headers (no Mq-Dead-* one), after which it is
 //     no longer parked, and deletes the rest; another tenant's park is never touched.
 //     Skipped for a broker without the interface. Publishes: parks on acme/orders and
-//     globex/orders. Hooks: DeadLetters.
+//     globex/orders.
 //
 //   - MaxBytesReportsTheBudget: MaxBytes reports each budget right after it is set.
 //     Publishes: nothing.

@@ -49,9 +49,11 @@ func TestCaseDocs(t *testing.T) {
 // TestCasesAreDescribed requires every case to say what it proves and publishes, under
 // a name no other case has, and to name only hooks and flags that exist.
 func TestCasesAreDescribed(t *testing.T) {
-	hooks := map[string]bool{"EndDelivery": true, "Fill": true, "DeadLetters": true, "Restart": true, "TooLarge": true}
-	flags := map[string]bool{}
-	for _, f := range capsFields() {
+	hooks, flags := map[string]bool{}, map[string]bool{}
+	for _, f := range fieldsOf[Harness]() {
+		hooks[f] = f != "New" && f != "Caps"
+	}
+	for _, f := range fieldsOf[Caps]() {
 		flags[f] = true
 	}
 	seen := map[string]bool{}
@@ -161,9 +163,9 @@ func wrap(text string, width int) []string {
 	return append(lines, line)
 }
 
-// capsFields are the names of Caps' flags.
-func capsFields() []string {
-	typ := reflect.TypeFor[Caps]()
+// fieldsOf are the names of T's fields.
+func fieldsOf[T any]() []string {
+	typ := reflect.TypeFor[T]()
 	out := make([]string, typ.NumField())
 	for i := range out {
 		out[i] = typ.Field(i).Name
