@@ -80,11 +80,8 @@ func hubCases() []testCase {
 
 func subscribeCarriesTheTraceContext(t *testing.T, h Harness) {
 	e := setup(t, h)
-	traceID, err := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
-	require.NoError(t, err)
-	spanID, err := trace.SpanIDFromHex("00f067aa0ba902b7")
-	require.NoError(t, err)
-	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
+	sc := testSpanContext(t)
+	traceID, spanID := sc.TraceID(), sc.SpanID()
 	hub := e.subscribe("hub-bridge")
 	pctx := trace.ContextWithSpanContext(e.ctx, sc)
 	require.NoError(t, e.b.Publish(pctx, topic(Acme, "traced", ""), []byte("traced"), mq.WithHeader("X-Custom", "yes")))
