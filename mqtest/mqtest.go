@@ -149,8 +149,9 @@ type Case struct {
 	// DeadLetters, Restart, TooLarge). A case whose hook the harness leaves nil is
 	// skipped, or (DeadLetters, TooLarge) checks less or takes the default.
 	Hooks []string
-	// Flags are the Caps flags that change what the case expects; the case checks
-	// the declared value both ways, so a wrong flag fails it.
+	// Flags are the Caps flags that change what the case expects, each value
+	// checked by behaviour, so a wrong flag fails the case; a few cases only run
+	// under a flag (their Proves starts "With <flag>") and are skipped without it.
 	Flags []string
 	// Publishes is what the case stores: tenants, topics (tenant/table[/scope]) and
 	// roughly how many events. Tenants besides Acme and Globex are budgeted by the
