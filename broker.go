@@ -336,7 +336,10 @@ type Batch struct {
 	Tenant TenantID
 	Events []BatchEvent
 	// Atomic stores every event or none. Without it, each event is stored on its own
-	// and a failure leaves the others stored (see [BatchError]).
+	// and a failure leaves the others stored (see [BatchError]). A broker without
+	// atomic batches refuses an atomic one whole, storing nothing, with an error
+	// wrapping errors.ErrUnsupported. The NATS brokers have them, on partitions with
+	// allow_atomic; on a partition without it the batch is refused with ErrTopology.
 	Atomic bool
 }
 

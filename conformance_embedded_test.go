@@ -64,6 +64,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			ConcurrentTenants:  true,
 			HandsBackOnStop:    true,
 			SharedConsumers:    true,
+			AtomicBatch:        true,
 		},
 	})
 }

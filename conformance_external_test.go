@@ -73,6 +73,7 @@ func TestExternalNATS_Conformance(t *testing.T) {
 			ConcurrentTenants: true,
 			HandsBackOnStop:   true,
 			SharedConsumers:   true,
+			AtomicBatch:       true,
 		},
 	})
 }

@@ -15,20 +15,89 @@ import (
 
 func budgetCases() []testCase {
 	return []testCase{
-		{"MaxBytesReportsTheBudget", always, maxBytesReportsTheBudget},
-		{"MaxBytesOfANeverBudgetedTenantIsZero", always, maxBytesNeverBudgeted},
-		{"SetMaxBytesRefusesBadInputAndKeepsTheBudget", always, setMaxBytesRefusesBadInput},
-		{"BudgetIsEnforcedExactlyWhenPerTenantBudgetIsDeclared", always, budgetEnforcedPerCaps},
-		{"ANeverBudgetedTenantIsQueueFullExactlyWhereBudgetsApply", always, unbudgetedTenantPerCaps},
-		{"QueueFull", needFill, queueFull},
-		{"AFullQueueRefusesOnlyItsTenant", needFill, fullQueueIsolation},
-		{"AFullQueueTakesEventsAgainOnceConsumed", needFill, fullQueueRecovers},
-		{"Stats", always, stats},
-		{"StatsCountTraffic", always, statsCountTraffic},
+		{
+			name:      "MaxBytesReportsTheBudget",
+			proves:    "MaxBytes reports each budget right after it is set.",
+			publishes: "nothing",
+			run:       maxBytesReportsTheBudget,
+		},
+		{
+			name:      "MaxBytesOfANeverBudgetedTenantIsZero",
+			proves:    "A tenant never given a budget reports 0.",
+			publishes: "nothing",
+			run:       maxBytesNeverBudgeted,
+		},
+		{
+			name: "SetMaxBytesRefusesBadInputAndKeepsTheBudget",
+			proves: "An invalid tenant is ErrInvalidTenant, a negative budget is an error, and " +
+				"after either MaxBytes keeps the last budget set in full.",
+			publishes: "1 event on acme/t",
+			run:       setMaxBytesRefusesBadInput,
+		},
+		{
+			name: "BudgetIsEnforcedExactlyWhenPerTenantBudgetIsDeclared",
+			proves: "With PerTenantBudget, a tenant given 4 KiB is refused with ErrQueueFull once " +
+				"it is used up, and another tenant still publishes; without it, a tenant " +
+				"given 1 KiB publishes 64 KiB.",
+			flags: []string{"PerTenantBudget"},
+			publishes: "up to 64 events of 1 KiB each on acme/budget and globex/budget under a 4 KiB " +
+				"budget",
+			run: budgetEnforcedPerCaps,
+		},
+		{
+			name: "ANeverBudgetedTenantIsQueueFullExactlyWhereBudgetsApply",
+			proves: "Where budgets apply, a tenant never given one is refused with ErrQueueFull " +
+				"and nothing is stored; where they do not, it publishes.",
+			flags:     []string{"PerTenantBudget"},
+			publishes: "events for the never-budgeted tenant initech; 1 fence on acme/fence",
+			run:       unbudgetedTenantPerCaps,
+		},
+		{
+			name: "QueueFull",
+			proves: "Once Fill ran, the tenant's next publish is ErrQueueFull; with " +
+				"PerTenantBudget another tenant still publishes.",
+			hooks:     []string{"Fill"},
+			flags:     []string{"PerTenantBudget"},
+			publishes: "Fill on acme; events on acme/t and globex/t",
+			skip:      needFill,
+			run:       queueFull,
+		},
+		{
+			name: "AFullQueueRefusesOnlyItsTenant",
+			proves: "A filled tenant's refused events are not stored, and (with PerTenantBudget) " +
+				"another tenant publishes and is delivered in order meanwhile.",
+			hooks:     []string{"Fill"},
+			flags:     []string{"PerTenantBudget"},
+			publishes: "Fill on acme; refused events on acme/refused, 20 events on globex/t",
+			skip:      needFill,
+			run:       fullQueueIsolation,
+		},
+		{
+			name: "AFullQueueTakesEventsAgainOnceConsumed",
+			proves: "ErrQueueFull is backpressure: once the consumers caught up (every event " +
+				"acked), the tenant publishes again.",
+			hooks:     []string{"Fill"},
+			publishes: "Fill on acme; events on acme/t once consumed",
+			skip:      needFill,
+			run:       fullQueueRecovers,
+		},
+		{
+			name: "Stats",
+			proves: "Stats answers; with Caps.StatsConnections it counts the broker's own " +
+				"connection, without it Connections is 0.",
+			flags:     []string{"StatsConnections"},
+			publishes: "nothing",
+			run:       stats,
+		},
+		{
+			name:      "StatsCountTraffic",
+			proves:    "Publishing and delivering moves the message and byte counters.",
+			publishes: "events on acme/stats",
+			run:       statsCountTraffic,
+		},
 	}
 }
 
-// maxBytesReportsTheBudget: MaxBytes reports each budget right after it is set.
 func maxBytesReportsTheBudget(t *testing.T, h Harness) {
 	e := setup(t, h)
 	for _, n := range []int64{32 << 20, 48 << 20, 16 << 20} {
@@ -38,7 +107,6 @@ func maxBytesReportsTheBudget(t *testing.T, h Harness) {
 	assert.Equal(t, int64(64<<20), e.b.MaxBytes(Globex), "globex keeps its own budget")
 }
 
-// maxBytesNeverBudgeted: a tenant never given a budget reports 0.
 func maxBytesNeverBudgeted(t *testing.T, h Harness) {
 	e := setup(t, h)
 	assert.Zero(t, e.b.MaxBytes("initech"))
@@ -47,8 +115,6 @@ func maxBytesNeverBudgeted(t *testing.T, h Harness) {
 	assert.Zero(t, e.b.MaxBytes("hooli"), "budgeting one tenant budgets another")
 }
 
-// setMaxBytesRefusesBadInput: an invalid tenant is ErrInvalidTenant, a negative budget
-// is an error, and after either MaxBytes keeps the last budget set in full.
 func setMaxBytesRefusesBadInput(t *testing.T, h Harness) {
 	e := setup(t, h)
 	for _, tenant := range invalidTenants {
@@ -66,9 +132,6 @@ func (e *env) publishBytes(tp mq.Topic, size int, i int) error {
 	return e.b.Publish(e.ctx, tp, data)
 }
 
-// budgetEnforcedPerCaps: with PerTenantBudget, a tenant given 4 KiB is refused with
-// ErrQueueFull once it is used up, and another tenant still publishes; without it, a
-// tenant given 1 KiB publishes 64 KiB.
 func budgetEnforcedPerCaps(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "budget", "")
@@ -99,8 +162,6 @@ func budgetEnforcedPerCaps(t *testing.T, h Harness) {
 	}
 }
 
-// unbudgetedTenantPerCaps: where budgets apply, a tenant never given one is refused
-// with ErrQueueFull and nothing is stored; where they do not, it publishes.
 func unbudgetedTenantPerCaps(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic("initech", "t", "")
@@ -118,8 +179,6 @@ func unbudgetedTenantPerCaps(t *testing.T, h Harness) {
 	assert.Equal(t, "budgeted", next(t, hub, 1)[0].data)
 }
 
-// queueFull: once Fill ran, the tenant's next publish is ErrQueueFull; with
-// PerTenantBudget another tenant still publishes.
 func queueFull(t *testing.T, h Harness) {
 	e := setup(t, h)
 	h.Fill(t, e.b, Acme)
@@ -130,8 +189,6 @@ func queueFull(t *testing.T, h Harness) {
 	}
 }
 
-// fullQueueIsolation: a filled tenant's refused events are not stored, and (with
-// PerTenantBudget) another tenant publishes and is delivered in order meanwhile.
 func fullQueueIsolation(t *testing.T, h Harness) {
 	e := setup(t, h)
 	h.Fill(t, e.b, Acme)
@@ -164,8 +221,6 @@ func fullQueueIsolation(t *testing.T, h Harness) {
 	assert.Equal(t, seq("", 20), globex)
 }
 
-// fullQueueRecovers: ErrQueueFull is backpressure: once the consumers caught up (every
-// event acked), the tenant publishes again.
 func fullQueueRecovers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	h.Fill(t, e.b, Acme)
@@ -187,8 +242,6 @@ func fullQueueRecovers(t *testing.T, h Harness) {
 	}
 }
 
-// stats: Stats answers and, with Caps.StatsConnections, counts the broker's own
-// connection; without it Connections is 0.
 func stats(t *testing.T, h Harness) {
 	e := setup(t, h)
 	s, err := e.b.Stats()
@@ -203,7 +256,6 @@ func stats(t *testing.T, h Harness) {
 	}
 }
 
-// statsCountTraffic: publishing and delivering moves the message and byte counters.
 func statsCountTraffic(t *testing.T, h Harness) {
 	e := setup(t, h)
 	before, err := e.b.Stats()

@@ -1,6 +1,7 @@
 package mqtest
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -14,20 +15,84 @@ import (
 
 func deliveryEndCases() []testCase {
 	return []testCase{
-		{"FailedOnceWhenDeliveryEnds", needEndDelivery, failedOnceWhenDeliveryEnds},
-		{"FailedNeverAfterStop", needEndDelivery, failedNeverAfterStop},
+		{
+			name: "FailedOnceWhenDeliveryEnds",
+			proves: "Delivery ended from outside is reported on failed exactly once, however many " +
+				"delivery units it ended on, with an error wrapping ErrDeliveryEnded.",
+			hooks:     []string{"EndDelivery"},
+			publishes: "1 event each on acme/prime and globex/prime",
+			skip:      needEndDelivery,
+			run:       failedOnceWhenDeliveryEnds,
+		},
+		{
+			name: "FailedNeverAfterStop",
+			proves: "A stop by the caller is never a failure, even when delivery then ends from " +
+				"outside.",
+			hooks:     []string{"EndDelivery"},
+			publishes: "1 event each on acme/prime and globex/prime",
+			skip:      needEndDelivery,
+			run:       failedNeverAfterStop,
+		},
 	}
 }
 
 func closeCases() []testCase {
 	return []testCase{
-		{"CloseIsIdempotent", always, closeIsIdempotent},
-		{"EveryMethodAfterCloseReturnsErrClosed", always, everyMethodAfterClose},
-		{"StatsAfterCloseReturnsErrClosed", always, statsAfterClose},
-		{"ConsumeAfterCloseReturnsErrClosed", always, consumeAfterClose},
-		{"CloseStopsConsumeWithoutReportingFailed", always, closeStopsConsume},
-		{"NoHandlerStartsAfterCloseReturns", always, noHandlerAfterClose},
-		{"SettlingAHeldMessageAfterCloseReturnsErrClosed", always, settleAfterClose},
+		{
+			name:      "CloseIsIdempotent",
+			proves:    "Close twice returns nil twice.",
+			publishes: "1 event on acme/t",
+			run:       closeIsIdempotent,
+		},
+		{
+			name: "EveryMethodAfterCloseReturnsErrClosed",
+			proves: "After Close, every method that returns an error returns one wrapping " +
+				"ErrClosed.",
+			publishes: "1 event on acme/t; refused calls after Close",
+			run:       everyMethodAfterClose,
+		},
+		{
+			name:      "StatsAfterCloseReturnsErrClosed",
+			proves:    "Stats after Close returns an error wrapping ErrClosed.",
+			publishes: "nothing",
+			run:       statsAfterClose,
+		},
+		{
+			name:      "ConsumeAfterCloseReturnsErrClosed",
+			proves:    "A consumer created before Close cannot start delivery after it.",
+			publishes: "nothing",
+			run:       consumeAfterClose,
+		},
+		{
+			name:      "CloseStopsConsumeWithoutReportingFailed",
+			proves:    "Close stops a running Consume; it reports nothing on failed.",
+			publishes: "1 event each on acme/prime and globex/prime",
+			run:       closeStopsConsume,
+		},
+		{
+			name: "NoHandlerStartsAfterCloseReturns",
+			proves: "Once Close returned, no Subscribe or Consume handler call begins, even with " +
+				"deliveries in flight when it was called.",
+			publishes: "200 events on acme/t",
+			run:       noHandlerAfterClose,
+		},
+		{
+			name: "NoRetryOrQueuedCallStartsAfterCloseReturns",
+			proves: "Close while one tenant's event waits for its retry (RetryDelay 100 ms) with " +
+				"events queued behind it, and another tenant's call is in flight with events " +
+				"behind it: Close waits for that call, and once it returned no handler call " +
+				"begins, neither the retry nor a queued event, and failed reports nothing.",
+			publishes: "4 events each on acme/t and globex/t",
+			run:       noRetryAfterClose,
+		},
+		{
+			name: "SettlingAHeldMessageAfterCloseReturnsErrClosed",
+			proves: "A message the worker delivered and the handler held unsettled (as for a " +
+				"batch) cannot be settled once the broker is closed: every settle method " +
+				"returns an error wrapping ErrClosed.",
+			publishes: "1 event on acme/held",
+			run:       settleAfterClose,
+		},
 	}
 }
 
@@ -40,9 +105,6 @@ func (e *env) prime(c consumer) {
 	assert.ElementsMatch(e.t, []string{"acme", "globex"}, datas(next(e.t, c.deliveries, 2)))
 }
 
-// failedOnceWhenDeliveryEnds: delivery ended from outside is reported on failed exactly
-// once, however many delivery units it ended on, with an error wrapping
-// ErrDeliveryEnded.
 func failedOnceWhenDeliveryEnds(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -65,8 +127,6 @@ func failedOnceWhenDeliveryEnds(t *testing.T, h Harness) {
 	}
 }
 
-// failedNeverAfterStop: a stop by the caller is never a failure, even when delivery
-// then ends from outside.
 func failedNeverAfterStop(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -76,7 +136,6 @@ func failedNeverAfterStop(t *testing.T, h Harness) {
 	noFailure(t, c.failed)
 }
 
-// closeIsIdempotent: Close twice returns nil twice.
 func closeIsIdempotent(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "t", ""), "x")
@@ -85,8 +144,6 @@ func closeIsIdempotent(t *testing.T, h Harness) {
 	assert.NoError(t, e.b.Close(), "third Close")
 }
 
-// everyMethodAfterClose: after Close, every method that returns an error returns one
-// wrapping ErrClosed.
 func everyMethodAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "t", "")
@@ -109,7 +166,6 @@ func everyMethodAfterClose(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrClosed, "PurgeAcked")
 }
 
-// statsAfterClose: Stats after Close returns an error wrapping ErrClosed.
 func statsAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	_, err := e.b.Stats()
@@ -119,7 +175,6 @@ func statsAfterClose(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrClosed, "Stats")
 }
 
-// consumeAfterClose: a consumer created before Close cannot start delivery after it.
 func consumeAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
@@ -132,7 +187,6 @@ func consumeAfterClose(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrClosed, "Consume after Close")
 }
 
-// closeStopsConsume: Close stops a running Consume; it reports nothing on failed.
 func closeStopsConsume(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -141,8 +195,6 @@ func closeStopsConsume(t *testing.T, h Harness) {
 	noFailure(t, c.failed)
 }
 
-// noHandlerAfterClose: once Close returned, no Subscribe or Consume handler call
-// begins, even with deliveries in flight when it was called.
 func noHandlerAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	var closed atomic.Bool
@@ -179,9 +231,6 @@ func noHandlerAfterClose(t *testing.T, h Harness) {
 	noFailure(t, failed)
 }
 
-// settleAfterClose: a message the worker delivered and the handler held unsettled (as
-// for a batch) cannot be settled once the broker is closed: every settle method
-// returns an error wrapping ErrClosed.
 func settleAfterClose(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, func(*mq.Message) error { return nil })
@@ -201,4 +250,62 @@ func settleAfterClose(t *testing.T, h Harness) {
 		err := s.settle()
 		assert.ErrorIs(t, err, mq.ErrClosed, "%s after Close: %v", s.name, err)
 	}
+}
+
+func noRetryAfterClose(t *testing.T, h Harness) {
+	e := setup(t, h)
+	var closed atomic.Bool
+	var late, failures atomic.Int64
+	inFlight, release := make(chan struct{}, 1), make(chan struct{})
+	cons, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable, RetryDelay: 100 * time.Millisecond, MaxRetryDelay: 100 * time.Millisecond})
+	require.NoError(t, err)
+	stop, failed, err := cons.Consume(func(m *mq.Message) error {
+		if closed.Load() {
+			late.Add(1)
+		}
+		switch string(m.Data) {
+		case "fails":
+			failures.Add(1)
+			return errors.New("mqtest: fails until the broker closes")
+		case "in flight":
+			select {
+			case inFlight <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+		return nil // left unsettled: nothing acks after Close
+	}, 16)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	for _, tenant := range []mq.TenantID{Acme, Globex} {
+		first := "fails"
+		if tenant == Globex {
+			first = "in flight"
+		}
+		e.publish(topic(tenant, "t", ""), first)
+		for i := range 3 {
+			e.publish(topic(tenant, "t", ""), fmt.Sprint("queued ", i))
+		}
+	}
+	select {
+	case <-inFlight:
+	case <-time.After(wait):
+		t.Fatalf("globex's call never began within %s", wait)
+	}
+	require.True(t, eventually(func() bool { return failures.Load() > 0 }), "acme's event never failed")
+	closing := make(chan error, 1)
+	go func() { closing <- e.b.Close() }()
+	time.Sleep(quiet / 3) // let Close begin while globex's call runs
+	close(release)
+	select {
+	case err := <-closing:
+		require.NoError(t, err)
+	case <-time.After(3 * wait):
+		t.Fatalf("Close did not return within %s of the call in flight returning", 3*wait)
+	}
+	closed.Store(true)
+	time.Sleep(quiet) // three retry delays
+	assert.Zero(t, late.Load(), "handler calls began after Close returned")
+	noFailure(t, failed)
 }

@@ -14,24 +14,106 @@ import (
 
 func consumeCases() []testCase {
 	return []testCase{
-		{"EachTenantInOrder", always, eachTenantInOrder},
-		{"NakRedelivers", always, nakRedelivers},
-		{"NakWithDelayRedelivers", always, nakWithDelayRedelivers},
-		{"HandlerErrorNaksForRedelivery", always, handlerErrorNaks},
-		{"HandlerPanicNaksForRedeliveryAndDeliveryGoesOn", always, handlerPanicNaks},
-		{"AckWaitRedelivers", always, ackWaitRedelivers},
-		{"CreateConsumerAppliesTheConfigExactlyWhenItConfiguresDurables", always, configuresDurables},
-		{"UnackedEventsComeBackToANewConsumeAndAckedOnesDoNot", always, atLeastOnceAcrossStop},
-		{"PrefetchOneStillDeliversEveryTenant", always, prefetchOne},
-		{"PrefetchZeroTakesTheDefault", always, prefetchZero},
-		{"ConsumeDeliversATenantBudgetedAfterItStarted", always, consumeSeesALaterTenant},
-		{"StopEndsDelivery", always, stopEndsDelivery},
-		{"DeliveryCarriesTheEventIDTheAttemptAndItsSequence", always, deliveryMetadata},
+		{
+			name: "EachTenantInOrder",
+			proves: "Interleaved publishes of two tenants reach the worker in publish order per " +
+				"tenant.",
+			publishes: "30 events each for acme and globex, interleaved",
+			run:       eachTenantInOrder,
+		},
+		{
+			name:      "NakRedelivers",
+			proves:    "A nak'ed event comes back once and, acked, not again.",
+			publishes: "1 event on acme/t",
+			run:       nakRedelivers,
+		},
+		{
+			name:      "NakWithDelayRedelivers",
+			proves:    "An event nak'ed with a delay comes back.",
+			publishes: "1 event on acme/t",
+			run:       nakWithDelayRedelivers,
+		},
+		{
+			name:      "HandlerErrorNaksForRedelivery",
+			proves:    "A handler that returns an error (and settles nothing) gets the event again.",
+			publishes: "1 event on acme/t",
+			run:       handlerErrorNaks,
+		},
+		{
+			name: "HandlerPanicNaksForRedeliveryAndDeliveryGoesOn",
+			proves: "A handler that panics is treated as one that returned an error: the process " +
+				"survives, the event comes back, and the events after it are delivered. The " +
+				"consume helper records a delivery only once the handler returned, so the " +
+				"panic itself is not among the deliveries.",
+			publishes: "a few events on acme/t",
+			run:       handlerPanicNaks,
+		},
+		{
+			name: "AckWaitRedelivers",
+			proves: "With AckWaitRedelivers, an event left unsettled under an AckWait of 200 ms " +
+				"comes back and an acked one does not; without it, neither comes back within " +
+				"the quiet window.",
+			flags:     []string{"AckWaitRedelivers"},
+			publishes: "1 event on acme/t",
+			run:       ackWaitRedelivers,
+		},
+		{
+			name: "CreateConsumerAppliesTheConfigExactlyWhenItConfiguresDurables",
+			proves: "With ConfiguresDurables, CreateConsumer accepts any AckWait (1h) and " +
+				"delivery follows cfg: MaxAckPending 1 holds the next event back until the " +
+				"first is acked, and the 1h AckWait does not redeliver the held one. Without " +
+				"it, an AckWait longer than the operator's durable (24h) is refused.",
+			flags:     []string{"ConfiguresDurables"},
+			publishes: "1 event on acme/t",
+			run:       configuresDurables,
+		},
+		{
+			name: "UnackedEventsComeBackToANewConsumeAndAckedOnesDoNot",
+			proves: "After stop, a new Consume gets what was published meanwhile and, where " +
+				"AckWait redelivers, what was left unsettled; never what was acked.",
+			flags:     []string{"AckWaitRedelivers"},
+			publishes: "events on acme/t and globex/t across a stop",
+			run:       atLeastOnceAcrossStop,
+		},
+		{
+			name: "PrefetchOneStillDeliversEveryTenant",
+			proves: "A total prefetch of 1, split across every delivery unit (at least one each), " +
+				"still delivers every tenant.",
+			publishes: "3 events each for acme, globex and 10 more tenants",
+			run:       prefetchOne,
+		},
+		{
+			name:      "PrefetchZeroTakesTheDefault",
+			proves:    "Prefetch 0 takes the broker's default and delivers every tenant.",
+			publishes: "3 events each for acme, globex and 10 more tenants",
+			run:       prefetchZero,
+		},
+		{
+			name:      "ConsumeDeliversATenantBudgetedAfterItStarted",
+			proves:    "A tenant budgeted after Consume started is delivered too.",
+			publishes: "1 event on acme/t and 1 for a tenant budgeted later",
+			run:       consumeSeesALaterTenant,
+		},
+		{
+			name: "StopEndsDelivery",
+			proves: "Stop returns at once and delivery ends after it; a handler may still run for " +
+				"what was in flight, but not for events published afterwards.",
+			publishes: "events on acme/t before and after stop",
+			run:       stopEndsDelivery,
+		},
+		{
+			name: "DeliveryCarriesTheEventIDTheAttemptAndItsSequence",
+			proves: "A delivery carries the event's ID (the idempotency key as the caller gave " +
+				"it, else an id of the broker's that differs between events), its attempt (1, " +
+				"then 2 after a nak, with the same ID) and a sequence that grows in publish " +
+				"order within a tenant; none of it shows up among the headers.",
+			hooks:     []string{"ReservedHeaderPrefix"},
+			publishes: "events on acme/meta, with and without an idempotency key",
+			run:       deliveryMetadata,
+		},
 	}
 }
 
-// eachTenantInOrder: interleaved publishes of two tenants reach the worker in publish
-// order per tenant.
 func eachTenantInOrder(t *testing.T, h Harness) {
 	e := setup(t, h)
 	const n = 30
@@ -64,7 +146,6 @@ func redeliveredOnce(t *testing.T, h Harness, settle func(e *env, m *mq.Message)
 	none(t, c.deliveries)
 }
 
-// nakRedelivers: a nak'ed event comes back once and, acked, not again.
 func nakRedelivers(t *testing.T, h Harness) {
 	redeliveredOnce(t, h, func(e *env, m *mq.Message) error {
 		if err := m.Nak(); err != nil {
@@ -74,7 +155,6 @@ func nakRedelivers(t *testing.T, h Harness) {
 	})
 }
 
-// nakWithDelayRedelivers: an event nak'ed with a delay comes back.
 func nakWithDelayRedelivers(t *testing.T, h Harness) {
 	redeliveredOnce(t, h, func(e *env, m *mq.Message) error {
 		if err := m.NakWithDelay(100 * time.Millisecond); err != nil {
@@ -84,18 +164,12 @@ func nakWithDelayRedelivers(t *testing.T, h Harness) {
 	})
 }
 
-// handlerErrorNaks: a handler that returns an error (and settles nothing) gets the
-// event again.
 func handlerErrorNaks(t *testing.T, h Harness) {
 	redeliveredOnce(t, h, func(*env, *mq.Message) error {
 		return errors.New("mqtest: transient handler failure")
 	})
 }
 
-// handlerPanicNaks: a handler that panics is treated as one that returned an error:
-// the process survives, the event comes back, and the events after it are delivered.
-// The consume helper records a delivery only once the handler returned, so the panic
-// itself is not among the deliveries.
 func handlerPanicNaks(t *testing.T, h Harness) {
 	e := setup(t, h)
 	var calls counter
@@ -114,9 +188,6 @@ func handlerPanicNaks(t *testing.T, h Harness) {
 	noFailure(t, c.failed)
 }
 
-// ackWaitRedelivers: with AckWaitRedelivers, an event left unsettled under an AckWait
-// of 200 ms comes back and an acked one does not; without it, neither comes back
-// within the quiet window.
 func ackWaitRedelivers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "t", ""), "acked")
@@ -137,10 +208,6 @@ func ackWaitRedelivers(t *testing.T, h Harness) {
 	noneBecause(t, c.deliveries, 3*quiet, "Caps.AckWaitRedelivers is false: AckWait does not govern redelivery")
 }
 
-// configuresDurables: with ConfiguresDurables, CreateConsumer accepts any AckWait (1h)
-// and delivery follows cfg: MaxAckPending 1 holds the next event back until the first
-// is acked, and the 1h AckWait does not redeliver the held one. Without it, an AckWait
-// longer than the operator's durable (24h) is refused.
 func configuresDurables(t *testing.T, h Harness) {
 	e := setup(t, h)
 	if !h.Caps.ConfiguresDurables {
@@ -174,8 +241,6 @@ func configuresDurables(t *testing.T, h Harness) {
 	none(t, c.deliveries)
 }
 
-// atLeastOnceAcrossStop: after stop, a new Consume gets what was published meanwhile
-// and, where AckWait redelivers, what was left unsettled; never what was acked.
 func atLeastOnceAcrossStop(t *testing.T, h Harness) {
 	e := setup(t, h)
 	cfg := mq.ConsumerConfig{}
@@ -253,14 +318,10 @@ func prefetchDeliversAll(t *testing.T, h Harness, prefetch int) {
 	none(t, c.deliveries)
 }
 
-// prefetchOne: a total prefetch of 1, split across every delivery unit (at least one
-// each), still delivers every tenant.
 func prefetchOne(t *testing.T, h Harness) { prefetchDeliversAll(t, h, 1) }
 
-// prefetchZero: prefetch 0 takes the broker's default and delivers every tenant.
 func prefetchZero(t *testing.T, h Harness) { prefetchDeliversAll(t, h, 0) }
 
-// consumeSeesALaterTenant: a tenant budgeted after Consume started is delivered too.
 func consumeSeesALaterTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -274,8 +335,6 @@ func consumeSeesALaterTenant(t *testing.T, h Harness) {
 	assert.Equal(t, later, d.topic.Tenant)
 }
 
-// stopEndsDelivery: stop returns at once and delivery ends after it; a handler may
-// still run for what was in flight, but not for events published afterwards.
 func stopEndsDelivery(t *testing.T, h Harness) {
 	e := setup(t, h)
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
@@ -297,10 +356,6 @@ func stopEndsDelivery(t *testing.T, h Harness) {
 	noFailure(t, c.failed)
 }
 
-// deliveryMetadata: a delivery carries the event's ID (the idempotency key as the
-// caller gave it, else an id of the broker's that differs between events), its
-// attempt (1, then 2 after a nak, with the same ID) and a sequence that grows in
-// publish order within a tenant; none of it shows up among the headers.
 func deliveryMetadata(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "meta", "")

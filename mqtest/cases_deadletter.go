@@ -12,13 +12,65 @@ import (
 
 func deadLetterCases() []testCase {
 	return []testCase{
-		{"DeadLetterKeepsTheTopicAndDoesNotAck", always, deadLetterKeepsTheTopicAndDoesNotAck},
-		{"DeadLetterCounts", always, deadLetterCounts},
-		{"DeadLettersKeepDataHeadersAndTopic", always, deadLettersKeepContents},
-		{"DeadLetterThenAckRemovesTheOriginalAndKeepsThePark", always, deadLetterThenAck},
-		{"DeadLetterRefusesAMessageWithoutATopicOrWithAReservedHeader", always, deadLetterRefusesBadInput},
-		{"DeadLetterCountsRefusesAnInvalidTenant", always, deadLetterCountsRefusesAnInvalidTenant},
-		{"DeadLetterIdempotencyKeysAreScopedToTheTenant", always, deadLetterKeysAreScopedToTheTenant},
+		{
+			name: "DeadLetterKeepsTheTopicAndDoesNotAck",
+			proves: "Parking a delivered event does not settle it (it comes back after a Nak), " +
+				"and the park counts under its table, scope rolled up.",
+			publishes: "1 event on acme/t/s, parked",
+			run:       deadLetterKeepsTheTopicAndDoesNotAck,
+		},
+		{
+			name: "DeadLetterCounts",
+			proves: "Every scope counts under its table; a table filter keeps that table and all " +
+				"its scopes while Total stays the tenant's whole count; a table literally " +
+				"named \"odd.name\" never shares a count with table \"odd\" scope \"name\"; tenants " +
+				"are separate; a never-budgeted tenant is ErrNoDeadLetterQueue exactly when " +
+				"Caps.UnbudgetedNotFound says so.",
+			flags:     []string{"UnbudgetedNotFound"},
+			publishes: "parks on acme's t1, t1/s, t2, odd.name, odd/name and globex/t1",
+			run:       deadLetterCounts,
+		},
+		{
+			name: "DeadLettersKeepDataHeadersAndTopic",
+			proves: "A park stores the event's data, its headers and the option headers under the " +
+				"event's own topic, whether the event was delivered or built.",
+			hooks: []string{"DeadLetters"},
+			publishes: "parks of a delivered event and of built messages on acme/built and " +
+				"acme/<hard table>/<hard scope>",
+			run: deadLettersKeepContents,
+		},
+		{
+			name: "DeadLetterThenAckRemovesTheOriginalAndKeepsThePark",
+			proves: "The production flow, park then ack, removes the original (it is not " +
+				"delivered again, not even to a new Consume) while the park stays counted.",
+			flags:     []string{"AckWaitRedelivers"},
+			publishes: "1 event on acme/t/s, parked then acked",
+			run:       deadLetterThenAck,
+		},
+		{
+			name: "DeadLetterRefusesAMessageWithoutATopicOrWithAReservedHeader",
+			proves: "A message without a topic cannot be parked under it, and a reserved option " +
+				"header is ErrInvalidHeader; neither is counted.",
+			hooks:     []string{"ReservedHeaderPrefix"},
+			publishes: "refused parks; 1 park on acme/t",
+			run:       deadLetterRefusesBadInput,
+		},
+		{
+			name:      "DeadLetterCountsRefusesAnInvalidTenant",
+			proves:    "An id outside the grammar is ErrInvalidTenant, not \"no dead-letter queue\".",
+			publishes: "nothing",
+			run:       deadLetterCountsRefusesAnInvalidTenant,
+		},
+		{
+			name: "DeadLetterIdempotencyKeysAreScopedToTheTenant",
+			proves: "An idempotency key on a park is scoped to the parked message's tenant, as on " +
+				"Publish. Two tenants parking under one key both park (a collision would drop " +
+				"the second park as a duplicate, and its caller would ack the original: the " +
+				"event would be gone); a tenant repeating its own key parks once.",
+			hooks:     []string{"DeadLetters"},
+			publishes: "parks on acme/t and globex/t under the same idempotency key",
+			run:       deadLetterKeysAreScopedToTheTenant,
+		},
 	}
 }
 
@@ -41,8 +93,6 @@ func assertCounts(t *testing.T, want map[string]uint64, total uint64, got mq.Dea
 	assert.Equal(t, total, got.Total, "%s: total", what)
 }
 
-// deadLetterKeepsTheTopicAndDoesNotAck: parking a delivered event does not settle it
-// (it comes back after a Nak), and the park counts under its table, scope rolled up.
 func deadLetterKeepsTheTopicAndDoesNotAck(t *testing.T, h Harness) {
 	e := setup(t, h)
 	var calls counter
@@ -73,11 +123,6 @@ func (e *env) park(tp mq.Topic, data string, opts ...mq.PublishOpt) {
 	require.NoError(e.t, e.b.DeadLetter(e.ctx, m, opts...), "park %q on %s", data, tp)
 }
 
-// deadLetterCounts: every scope counts under its table; a table filter keeps that
-// table and all its scopes while Total stays the tenant's whole count; a table
-// literally named "odd.name" never shares a count with table "odd" scope "name";
-// tenants are separate; a never-budgeted tenant is ErrNoDeadLetterQueue exactly when
-// Caps.UnbudgetedNotFound says so.
 func deadLetterCounts(t *testing.T, h Harness) {
 	e := setup(t, h)
 	assertCounts(t, nil, 0, e.counts(Globex, ""), "globex before anything was parked")
@@ -107,8 +152,6 @@ func deadLetterCounts(t *testing.T, h Harness) {
 	assertCounts(t, nil, 0, got, "a never-budgeted tenant")
 }
 
-// deadLettersKeepContents: a park stores the event's data, its headers and the option
-// headers under the event's own topic, whether the event was delivered or built.
 func deadLettersKeepContents(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, hardTable, hardScope)
@@ -160,8 +203,6 @@ func deadLettersKeepContents(t *testing.T, h Harness) {
 	assert.Empty(t, h.DeadLetters(t, e.b, Globex), "globex's parked events")
 }
 
-// deadLetterThenAck: the production flow, park then ack, removes the original (it is
-// not delivered again, not even to a new Consume) while the park stays counted.
 func deadLetterThenAck(t *testing.T, h Harness) {
 	e := setup(t, h)
 	cfg := mq.ConsumerConfig{}
@@ -188,8 +229,6 @@ func deadLetterThenAck(t *testing.T, h Harness) {
 	assertCounts(t, map[string]uint64{"t": 1}, 1, e.counts(Acme, ""), "acme")
 }
 
-// deadLetterRefusesBadInput: a message without a topic cannot be parked under it, and a
-// reserved option header is ErrInvalidHeader; neither is counted.
 func deadLetterRefusesBadInput(t *testing.T, h Harness) {
 	e := setup(t, h)
 	noTopic := mq.NewMessage(e.ctx, mq.Topic{Table: "t"}, []byte("x"))
@@ -205,8 +244,6 @@ func deadLetterRefusesBadInput(t *testing.T, h Harness) {
 	assertCounts(t, map[string]uint64{"t": 1}, 1, e.counts(Acme, ""), "acme after one park")
 }
 
-// deadLetterCountsRefusesAnInvalidTenant: an id outside the grammar is ErrInvalidTenant,
-// not "no dead-letter queue".
 func deadLetterCountsRefusesAnInvalidTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	for _, tenant := range invalidTenants {
@@ -216,10 +253,6 @@ func deadLetterCountsRefusesAnInvalidTenant(t *testing.T, h Harness) {
 	}
 }
 
-// deadLetterKeysAreScopedToTheTenant: an idempotency key on a park is scoped to the
-// parked message's tenant, as on Publish. Two tenants parking under one key both park
-// (a collision would drop the second park as a duplicate, and its caller would ack the
-// original: the event would be gone); a tenant repeating its own key parks once.
 func deadLetterKeysAreScopedToTheTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	key := mq.WithIdempotencyKey("row-1")

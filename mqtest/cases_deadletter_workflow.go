@@ -11,14 +11,19 @@ import (
 
 func deadLetterWorkflowCases() []testCase {
 	return []testCase{
-		{"DeadLetterManagerRedrivesByIDWithTheOriginalHeadersAndDeletes", always, redriveByIDAndDelete},
+		{
+			name: "DeadLetterManagerRedrivesByIDWithTheOriginalHeadersAndDeletes",
+			proves: "A broker that implements mq.DeadLetterManager pages a tenant's parks oldest " +
+				"first, redrives one by id to its own topic with its own headers (no " +
+				"Mq-Dead-* one), after which it is no longer parked, and deletes the rest; " +
+				"another tenant's park is never touched. Skipped for a broker without the " +
+				"interface.",
+			publishes: "parks on acme/orders and globex/orders",
+			run:       redriveByIDAndDelete,
+		},
 	}
 }
 
-// redriveByIDAndDelete: a broker that implements mq.DeadLetterManager pages a tenant's
-// parks oldest first, redrives one by id to its own topic with its own headers (no
-// Mq-Dead-* one), after which it is no longer parked, and deletes the rest; another
-// tenant's park is never touched. Skipped for a broker without the interface.
 func redriveByIDAndDelete(t *testing.T, h Harness) {
 	e := setup(t, h)
 	dm, ok := e.b.(mq.DeadLetterManager)

@@ -15,7 +15,17 @@ import (
 
 func healthCases() []testCase {
 	return []testCase{
-		{"HealthReportsAnEndedConsumeUntilStoppedAndErrClosedAfterClose", needEndDelivery, healthFollowsDelivery},
+		{
+			name: "HealthReportsAnEndedConsumeUntilStoppedAndErrClosedAfterClose",
+			proves: "Health is nil while a hub and a Consume run; once the Consume's delivery " +
+				"ended on its own it wraps mq.ErrDeliveryEnded, until the caller stops that " +
+				"Consume; after Close it wraps mq.ErrClosed. Skipped for a broker that is no " +
+				"mq.HealthChecker.",
+			hooks:     []string{"EndDelivery"},
+			publishes: "1 event each on acme/prime and globex/prime",
+			skip:      needEndDelivery,
+			run:       healthFollowsDelivery,
+		},
 	}
 }
 
@@ -29,9 +39,6 @@ func healthOf(t *testing.T, b mq.Broker) mq.HealthChecker {
 	return hc
 }
 
-// healthFollowsDelivery: Health is nil while a hub and a Consume run; once the
-// Consume's delivery ended on its own it wraps mq.ErrDeliveryEnded, until the caller
-// stops that Consume; after Close it wraps mq.ErrClosed.
 func healthFollowsDelivery(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hc := healthOf(t, e.b)

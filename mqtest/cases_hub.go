@@ -16,28 +16,72 @@ import (
 
 func hubCases() []testCase {
 	return []testCase{
-		{"SubscribeCarriesTheTraceContext", always, subscribeCarriesTheTraceContext},
-		{"SubscribeSeesEveryTenant", always, subscribeSeesEveryTenant},
-		{"SubscribeDeliversEachTenantInOrder", always, subscribeEachTenantInOrder},
-		{"SubscribeSeesOnlyEventsPublishedAfterItReturns", always, subscribeOnlyAfter},
-		{"TwoSubscribersBothGetEveryEvent", always, twoSubscribers},
-		{"SubscribeStopsDeliveringWhenItsContextIsDone", always, subscribeStopsWithItsContext},
-		{"SubscribeHandlerErrorNeitherRedeliversNorStops", always, subscribeHandlerError},
-		{"SubscribeHandlerPanicNeitherRedeliversNorStops", always, subscribeHandlerPanic},
-		{"SubscribeSeesATenantBudgetedAfterItStarted", always, subscribeSeesALaterTenant},
+		{
+			name: "SubscribeCarriesTheTraceContext",
+			proves: "The hub's Message.Ctx carries the publisher's span context, extracted from " +
+				"the event's headers (so it is remote), and the trace context is among " +
+				"Message.Headers next to the option headers.",
+			publishes: "1 event on acme/traced, under a span",
+			run:       subscribeCarriesTheTraceContext,
+		},
+		{
+			name:      "SubscribeSeesEveryTenant",
+			proves:    "One subscription sees every tenant's events.",
+			publishes: "1 event each on acme/t and globex/t",
+			run:       subscribeSeesEveryTenant,
+		},
+		{
+			name: "SubscribeDeliversEachTenantInOrder",
+			proves: "Each tenant's events reach the hub in publish order, across its tables and " +
+				"scopes.",
+			publishes: "50 events each for acme and globex, interleaved over tables and scopes",
+			run:       subscribeEachTenantInOrder,
+		},
+		{
+			name:      "SubscribeSeesOnlyEventsPublishedAfterItReturns",
+			proves:    "An event stored before Subscribe returned is not delivered.",
+			publishes: "1 event on acme/t before Subscribe and 1 after",
+			run:       subscribeOnlyAfter,
+		},
+		{
+			name:      "TwoSubscribersBothGetEveryEvent",
+			proves:    "Two subscriptions (same name or not) each get every event.",
+			publishes: "5 events on acme/t",
+			run:       twoSubscribers,
+		},
+		{
+			name: "SubscribeStopsDeliveringWhenItsContextIsDone",
+			proves: "Once Subscribe's context is done, delivery ends; another subscription goes " +
+				"on.",
+			publishes: "events on acme/t before and after the subscription's context ends",
+			run:       subscribeStopsWithItsContext,
+		},
+		{
+			name:      "SubscribeHandlerErrorNeitherRedeliversNorStops",
+			proves:    "A hub handler's error is not redelivered and does not end the subscription.",
+			publishes: "a few events on acme/t",
+			run:       subscribeHandlerError,
+		},
+		{
+			name: "SubscribeHandlerPanicNeitherRedeliversNorStops",
+			proves: "A hub handler that panics is treated as one that returned an error: the " +
+				"process survives, the event is not redelivered, and the hub goes on.",
+			publishes: "a few events on acme/t",
+			run:       subscribeHandlerPanic,
+		},
+		{
+			name:      "SubscribeSeesATenantBudgetedAfterItStarted",
+			proves:    "A tenant budgeted after Subscribe started reaches it.",
+			publishes: "1 event on acme/t and 1 for a tenant budgeted later",
+			run:       subscribeSeesALaterTenant,
+		},
 	}
 }
 
-// subscribeCarriesTheTraceContext: the hub's Message.Ctx carries the publisher's span
-// context, extracted from the event's headers (so it is remote), and the trace context
-// is among Message.Headers next to the option headers.
 func subscribeCarriesTheTraceContext(t *testing.T, h Harness) {
 	e := setup(t, h)
-	traceID, err := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
-	require.NoError(t, err)
-	spanID, err := trace.SpanIDFromHex("00f067aa0ba902b7")
-	require.NoError(t, err)
-	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled})
+	sc := testSpanContext(t)
+	traceID, spanID := sc.TraceID(), sc.SpanID()
 	hub := e.subscribe("hub-bridge")
 	pctx := trace.ContextWithSpanContext(e.ctx, sc)
 	require.NoError(t, e.b.Publish(pctx, topic(Acme, "traced", ""), []byte("traced"), mq.WithHeader("X-Custom", "yes")))
@@ -53,7 +97,6 @@ func subscribeCarriesTheTraceContext(t *testing.T, h Harness) {
 	assert.Equal(t, "yes", d.msg.Headers.Get("X-Custom"))
 }
 
-// subscribeSeesEveryTenant: one subscription sees every tenant's events.
 func subscribeSeesEveryTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("every-tenant")
@@ -65,8 +108,6 @@ func subscribeSeesEveryTenant(t *testing.T, h Harness) {
 	none(t, hub)
 }
 
-// subscribeEachTenantInOrder: each tenant's events reach the hub in publish order,
-// across its tables and scopes.
 func subscribeEachTenantInOrder(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("order")
@@ -80,7 +121,6 @@ func subscribeEachTenantInOrder(t *testing.T, h Harness) {
 	assert.Equal(t, seq("", n), got[Globex], "globex's order")
 }
 
-// subscribeOnlyAfter: an event stored before Subscribe returned is not delivered.
 func subscribeOnlyAfter(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "t", "")
@@ -92,7 +132,6 @@ func subscribeOnlyAfter(t *testing.T, h Harness) {
 	none(t, hub)
 }
 
-// twoSubscribers: two subscriptions (same name or not) each get every event.
 func twoSubscribers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	a := e.subscribe("pod")
@@ -107,8 +146,6 @@ func twoSubscribers(t *testing.T, h Harness) {
 	}
 }
 
-// subscribeStopsWithItsContext: once Subscribe's context is done, delivery ends;
-// another subscription goes on.
 func subscribeStopsWithItsContext(t *testing.T, h Harness) {
 	e := setup(t, h)
 	ctx, cancel := context.WithCancel(e.ctx)
@@ -127,8 +164,6 @@ func subscribeStopsWithItsContext(t *testing.T, h Harness) {
 	}
 }
 
-// subscribeHandlerError: a hub handler's error is not redelivered and does not end
-// the subscription.
 func subscribeHandlerError(t *testing.T, h Harness) {
 	e := setup(t, h)
 	ch := make(chan delivery, deliveryBuffer)
@@ -155,8 +190,6 @@ func subscribeHandlerError(t *testing.T, h Harness) {
 	assert.Equal(t, map[string]int{"fails": 1, "next": 1, "last": 1}, calls)
 }
 
-// subscribeHandlerPanic: a hub handler that panics is treated as one that returned an
-// error: the process survives, the event is not redelivered, and the hub goes on.
 func subscribeHandlerPanic(t *testing.T, h Harness) {
 	e := setup(t, h)
 	ch := make(chan delivery, deliveryBuffer)
@@ -175,7 +208,6 @@ func subscribeHandlerPanic(t *testing.T, h Harness) {
 	none(t, ch)
 }
 
-// subscribeSeesALaterTenant: a tenant budgeted after Subscribe started reaches it.
 func subscribeSeesALaterTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("later-tenant")

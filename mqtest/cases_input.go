@@ -15,15 +15,79 @@ import (
 
 func inputCases() []testCase {
 	return []testCase{
-		{"RefusesATopicWithoutATenant", always, refusesATopicWithoutATenant},
-		{"RefusesEveryInvalidTenant", always, refusesEveryInvalidTenant},
-		{"RefusesAnEmptyTable", always, refusesAnEmptyTable},
-		{"RefusesAKeyLongerThanTheLimitAndAcceptsOneAtIt", always, refusesALongKey},
-		{"RefusesAPayloadLargerThanTheBrokerAcceptsAndStoresNothing", always, refusesATooLargePayload},
-		{"RefusesAReservedHeaderAndStoresNothing", always, refusesAReservedHeader},
-		{"RefusesAHeaderItCannotDeliverAsGivenAndKeepsEveryOther", always, refusesAnUncarriableHeader},
-		{"PublishWithADoneContextReturnsTheContextsError", always, publishWithADoneContext},
-		{"CreateConsumerRefusesAnUnknownDurableUnlessDurablesOnDemand", always, createConsumerRefusesAnUnknownDurable},
+		{
+			name: "RefusesATopicWithoutATenant",
+			proves: "A topic without a valid tenant is invalid input, never backpressure: Publish " +
+				"and ReplaySince refuse it with ErrInvalidTopic, not ErrQueueFull.",
+			publishes: "refused publishes without a tenant; 1 fence on acme/fence",
+			run:       refusesATopicWithoutATenant,
+		},
+		{
+			name: "RefusesEveryInvalidTenant",
+			proves: "Each tenant outside the grammar is refused by Publish and ReplaySince with " +
+				"an error wrapping both ErrInvalidTopic and ErrInvalidTenant, and the longest " +
+				"valid tenant is not.",
+			publishes: "refused publishes for each invalid tenant; 1 fence on acme/fence",
+			run:       refusesEveryInvalidTenant,
+		},
+		{
+			name:      "RefusesAnEmptyTable",
+			proves:    "A topic without a table is ErrInvalidTopic, not a tenant error.",
+			publishes: "refused publishes on acme with no table; 1 fence on acme/fence",
+			run:       refusesAnEmptyTable,
+		},
+		{
+			name: "RefusesAKeyLongerThanTheLimitAndAcceptsOneAtIt",
+			proves: "A topic whose encoded key exceeds 2048 bytes is ErrInvalidTopic (also when " +
+				"only escaping makes it long); one exactly at the limit is stored and " +
+				"delivered on every path.",
+			publishes: "refused and accepted publishes on acme around the 2048-byte key limit; 1 " +
+				"fence",
+			run: refusesALongKey,
+		},
+		{
+			name: "RefusesAPayloadLargerThanTheBrokerAcceptsAndStoresNothing",
+			proves: "A payload over the broker's limit is ErrPayloadTooLarge, refused before " +
+				"anything is stored; one of 256 KiB is not.",
+			hooks:     []string{"TooLarge"},
+			publishes: "1 refused payload of Harness.TooLarge bytes on acme/big, then 1 small event",
+			run:       refusesATooLargePayload,
+		},
+		{
+			name: "RefusesAReservedHeaderAndStoresNothing",
+			proves: "A header option starting with Harness.ReservedHeaderPrefix (in any case) is " +
+				"ErrInvalidHeader and nothing is stored; headers under another broker's reserved " +
+				"prefix (Nats-, Mem-, X-Reserved-) reach the hub exactly; the idempotency key is " +
+				"every broker's own and is accepted.",
+			hooks:     []string{"ReservedHeaderPrefix"},
+			publishes: "refused publishes with reserved headers on acme/hdr; lookalikes; 1 fence",
+			run:       refusesAReservedHeader,
+		},
+		{
+			name: "RefusesAHeaderItCannotDeliverAsGivenAndKeepsEveryOther",
+			proves: "Publish and DeadLetter refuse each uncarriable header with ErrInvalidHeader " +
+				"and store nothing; every token name and every other value (blanks inside, " +
+				"control characters, bytes beyond ASCII) reaches the hub and the worker " +
+				"exactly as published.",
+			publishes: "refused publishes and parks with uncarriable headers on acme/hdr; accepted " +
+				"ones and 1 fence",
+			run: refusesAnUncarriableHeader,
+		},
+		{
+			name:      "PublishWithADoneContextReturnsTheContextsError",
+			proves:    "Publish under a cancelled or expired context returns that context's error.",
+			publishes: "publishes under a done context on acme/ctx, then 1 event",
+			run:       publishWithADoneContext,
+		},
+		{
+			name: "CreateConsumerRefusesAnUnknownDurableUnlessDurablesOnDemand",
+			proves: "Without Caps.DurablesOnDemand a durable name the broker cannot map is " +
+				"ErrConsumerNotFound; with it, each such name is a consumer group of its own " +
+				"that gets every stored event. The worker's name is never refused.",
+			flags:     []string{"DurablesOnDemand"},
+			publishes: "events on acme for the on-demand groups",
+			run:       createConsumerRefusesAnUnknownDurable,
+		},
 	}
 }
 
@@ -43,9 +107,6 @@ func (e *env) noSend(m *mq.Message) bool {
 	return false
 }
 
-// refusesATopicWithoutATenant: a topic without a valid tenant is invalid input, never
-// backpressure: Publish and ReplaySince refuse it with ErrInvalidTopic, not
-// ErrQueueFull.
 func refusesATopicWithoutATenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("no-tenant")
@@ -68,9 +129,6 @@ var invalidTenants = []mq.TenantID{
 	mq.TenantID(strings.Repeat("a", 65)),
 }
 
-// refusesEveryInvalidTenant: each tenant outside the grammar is refused by Publish and
-// ReplaySince with an error wrapping both ErrInvalidTopic and ErrInvalidTenant, and the
-// longest valid tenant is not.
 func refusesEveryInvalidTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("invalid-tenants")
@@ -94,7 +152,6 @@ func refusesEveryInvalidTenant(t *testing.T, h Harness) {
 		"replay of a valid 64-byte tenant that stored nothing")
 }
 
-// refusesAnEmptyTable: a topic without a table is ErrInvalidTopic, not a tenant error.
 func refusesAnEmptyTable(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("empty-table")
@@ -112,9 +169,6 @@ func refusesAnEmptyTable(t *testing.T, h Harness) {
 // maxKey is the longest encoded topic key (mq.Topic.Validate).
 const maxKey = 2048
 
-// refusesALongKey: a topic whose encoded key exceeds 2048 bytes is ErrInvalidTopic
-// (also when only escaping makes it long); one exactly at the limit is stored and
-// delivered on every path.
 func refusesALongKey(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("long-keys")
@@ -147,8 +201,6 @@ func refusesALongKey(t *testing.T, h Harness) {
 	assert.Equal(t, []string{"fence", "at the limit"}, datas(next(t, c.deliveries, 2)))
 }
 
-// refusesATooLargePayload: a payload over the broker's limit is ErrPayloadTooLarge,
-// refused before anything is stored; one of 256 KiB is not.
 func refusesATooLargePayload(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "big", "")
@@ -176,10 +228,6 @@ var reservedSuffixes = []string{"Rollup", "Expected-Stream", "TTL"}
 // other Harness.ReservedHeaderPrefix they are ordinary names.
 var reservedLookalikes = []string{"Nats-", "Mem-", "X-Reserved-"}
 
-// refusesAReservedHeader: a header option with Harness.ReservedHeaderPrefix (in any
-// case) is ErrInvalidHeader and nothing is stored; headers with another broker's
-// reserved prefix reach the hub exactly; the idempotency key is every broker's own and
-// is accepted.
 func refusesAReservedHeader(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "hdr", "")
@@ -222,10 +270,6 @@ var uncarriable = []struct{ name, value string }{
 	{"X-V", " lead"}, {"X-V", "trail "}, {"X-V", "\tlead"}, {"X-V", "trail\t"}, {"X-V", "a\r\nb"},
 }
 
-// refusesAnUncarriableHeader: Publish and DeadLetter refuse each uncarriable header with
-// ErrInvalidHeader and store nothing; every token name and every other value (blanks
-// inside, control characters, bytes beyond ASCII) reaches the hub and the worker
-// exactly as published.
 func refusesAnUncarriableHeader(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "hdr", "")
@@ -260,8 +304,6 @@ func refusesAnUncarriableHeader(t *testing.T, h Harness) {
 	assert.Equal(t, want, worker[1].msg.Headers, "headers on the worker's path")
 }
 
-// publishWithADoneContext: Publish under a cancelled or expired context returns that
-// context's error.
 func publishWithADoneContext(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "ctx", "")
@@ -279,9 +321,6 @@ func publishWithADoneContext(t *testing.T, h Harness) {
 	e.publish(tp, "live")
 }
 
-// createConsumerRefusesAnUnknownDurable: without Caps.DurablesOnDemand, a durable name
-// the broker cannot map is ErrConsumerNotFound; with it, each such name is a consumer
-// group of its own that gets every stored event. The worker's name is never refused.
 func createConsumerRefusesAnUnknownDurable(t *testing.T, h Harness) {
 	e := setup(t, h)
 	names := []string{"no-such-consumer", "buffer-consumer-2", "BUFFER-CONSUMER"}

@@ -9,21 +9,89 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
 
 	"github.com/wavehouse/mq"
 )
 
 func publishCases() []testCase {
 	return []testCase{
-		{"RoundTrip", always, roundTrip},
-		{"TopicDecodesHardNamesOnEveryPath", always, topicDecodesHardNames},
-		{"ConcurrentPublishersLoseNothingAndKeepEachPublishersOrder", always, concurrentPublishers},
-		{"IdempotencyKeyStoresOneEvent", always, idempotencyKeyStoresOnce},
-		{"HeadersRoundTripToConsume", always, headersRoundTripToConsume},
-		{"HeadersRoundTripToSubscribeAndReplay", always, headersRoundTripToHubAndReplay},
-		{"EmptyPayloadRoundTrips", always, emptyPayloadRoundTrips},
-		{"DeliveriesCarryTheStoredTimestamp", always, deliveriesCarryTimestamp},
-		{"NewBrokersAreIsolated", always, newBrokersAreIsolated},
+		{
+			name: "RoundTrip",
+			proves: "Events published before the durable exists are delivered to it, each with " +
+				"its topic decoded back exactly, its key, and CreateConsumer's context.",
+			publishes: "3 events on acme/events, acme/<hard table>/<hard scope> and globex/events/x, " +
+				"before the durable exists",
+			run: roundTrip,
+		},
+		{
+			name: "TopicDecodesHardNamesOnEveryPath",
+			proves: "Tables and scopes with dots, wildcards, spaces, percent signs, unicode and " +
+				"invalid UTF-8 come back exactly from Subscribe, Consume and ReplaySince.",
+			publishes: "7 events, one per hard topic (unicode, invalid UTF-8, dots, wildcards, %, " +
+				"blanks) of acme and globex",
+			run: topicDecodesHardNames,
+		},
+		{
+			name: "ConcurrentPublishersLoseNothingAndKeepEachPublishersOrder",
+			proves: "32 goroutines publishing at once, half for each tenant, lose nothing, store " +
+				"nothing twice, and every publisher's events reach the hub, the worker and " +
+				"the history in the order it published them.",
+			publishes: "640 events from 32 goroutines, 20 each, on acme/conc and globex/conc",
+			run:       concurrentPublishers,
+		},
+		{
+			name: "IdempotencyKeyStoresOneEvent",
+			proves: "A second publish with the same idempotency key succeeds and stores nothing; " +
+				"another key stores again.",
+			publishes: "4 events on acme/idem, two with the same idempotency key",
+			run:       idempotencyKeyStoresOnce,
+		},
+		{
+			name:      "HeadersRoundTripToConsume",
+			proves:    "Option headers reach the worker exactly as published.",
+			hooks:     []string{"ReservedHeaderPrefix"},
+			publishes: "1 event with option headers on acme/hdr, 1 without on globex/hdr",
+			run:       headersRoundTripToConsume,
+		},
+		{
+			name:      "HeadersRoundTripToSubscribeAndReplay",
+			proves:    "Option headers reach the hub and the replay exactly.",
+			hooks:     []string{"ReservedHeaderPrefix"},
+			publishes: "1 event with option headers on acme/hdr/s",
+			run:       headersRoundTripToHubAndReplay,
+		},
+		{
+			name: "DeliveredHeadersAreExactlyThePublishedOnesWithoutTheIdempotencyKey",
+			proves: "On Consume, Subscribe and ReplaySince an event's Headers are exactly the " +
+				"option headers it was published with, nothing added but the propagator's " +
+				"trace-context fields: no idempotency key (Nats-Msg-Id), no broker " +
+				"bookkeeping (a batch's ids included), whether published with Publish, a " +
+				"pipelined batch or, with Caps.AtomicBatch, an atomic one.",
+			flags:     []string{"AtomicBatch"},
+			publishes: "keyed and unkeyed events on acme/exact by Publish and PublishBatch",
+			run:       deliveredHeadersAreExact,
+		},
+		{
+			name:      "EmptyPayloadRoundTrips",
+			proves:    "An event with no data is stored and delivered with no data.",
+			publishes: "3 events on acme/empty: nil data, empty data, a fence",
+			run:       emptyPayloadRoundTrips,
+		},
+		{
+			name: "DeliveriesCarryTheStoredTimestamp",
+			proves: "Every path sets Message.Timestamp to when the event was stored: not zero, " +
+				"and (allowing any clock skew under an hour) around now.",
+			publishes: "1 event on acme/ts",
+			run:       deliveriesCarryTimestamp,
+		},
+		{
+			name: "NewBrokersAreIsolated",
+			proves: "Two brokers from Harness.New share nothing: events published on one are not " +
+				"replayed, delivered or counted on the other.",
+			publishes: "on one of two brokers: 1 event on acme/iso and 1 park",
+			run:       newBrokersAreIsolated,
+		},
 	}
 }
 
@@ -35,8 +103,6 @@ const (
 
 type markerKey struct{}
 
-// roundTrip: events published before the durable exists are delivered to it, each with
-// its topic decoded back exactly, its key, and CreateConsumer's context.
 func roundTrip(t *testing.T, h Harness) {
 	e := setup(t, h)
 	topics := []mq.Topic{
@@ -68,8 +134,6 @@ func roundTrip(t *testing.T, h Harness) {
 	none(t, c.deliveries)
 }
 
-// topicDecodesHardNames: tables and scopes with dots, wildcards, spaces, percent signs,
-// unicode and invalid UTF-8 come back exactly from Subscribe, Consume and ReplaySince.
 func topicDecodesHardNames(t *testing.T, h Harness) {
 	e := setup(t, h)
 	topics := []mq.Topic{
@@ -117,9 +181,6 @@ func topicDecodesHardNames(t *testing.T, h Harness) {
 	}
 }
 
-// concurrentPublishers: 32 goroutines publishing at once, half for each tenant, lose
-// nothing, store nothing twice, and every publisher's events reach the hub, the worker
-// and the history in the order it published them.
 func concurrentPublishers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	const publishers, each = 32, 20
@@ -182,8 +243,6 @@ func seqInts(n int) []int {
 	return out
 }
 
-// idempotencyKeyStoresOnce: a second publish with the same idempotency key succeeds and
-// stores nothing; another key stores again.
 func idempotencyKeyStoresOnce(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "idem", "")
@@ -218,7 +277,6 @@ func assertPublishedHeaders(t *testing.T, h Harness, path string, got mq.Headers
 		path, h.ReservedHeaderPrefix, got)
 }
 
-// headersRoundTripToConsume: option headers reach the worker exactly as published.
 func headersRoundTripToConsume(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "hdr", ""), "with headers", publishedHeaders()...)
@@ -238,7 +296,6 @@ func headersRoundTripToConsume(t *testing.T, h Harness) {
 	}
 }
 
-// headersRoundTripToHubAndReplay: option headers reach the hub and the replay exactly.
 func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 	e := setup(t, h)
 	hub := e.subscribe("headers")
@@ -258,7 +315,6 @@ func headersRoundTripToHubAndReplay(t *testing.T, h Harness) {
 	assertPublishedHeaders(t, h, "replay", got[0].Headers)
 }
 
-// emptyPayloadRoundTrips: an event with no data is stored and delivered with no data.
 func emptyPayloadRoundTrips(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "empty", "")
@@ -272,8 +328,6 @@ func emptyPayloadRoundTrips(t *testing.T, h Harness) {
 	assert.Equal(t, []string{"", "", "fence"}, datas(next(t, c.deliveries, 3)))
 }
 
-// deliveriesCarryTimestamp: every path sets Message.Timestamp to when the event was
-// stored: not zero, and (allowing any clock skew under an hour) around now.
 func deliveriesCarryTimestamp(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "ts", "")
@@ -294,8 +348,6 @@ func deliveriesCarryTimestamp(t *testing.T, h Harness) {
 	}))
 }
 
-// newBrokersAreIsolated: two brokers from Harness.New share nothing: events published
-// on one are not replayed, delivered or counted on the other.
 func newBrokersAreIsolated(t *testing.T, h Harness) {
 	a := setup(t, h)
 	b := setup(t, h)
@@ -312,4 +364,59 @@ func newBrokersAreIsolated(t *testing.T, h Harness) {
 	counts, err := b.b.DeadLetterCounts(b.ctx, Acme, "")
 	require.NoError(t, err)
 	assert.Zero(t, counts.Total, "broker b counts broker a's dead letter")
+}
+
+// withoutTraceContext is h less the fields the global propagator writes, never nil.
+func withoutTraceContext(h mq.Headers) mq.Headers {
+	out := mq.Headers{}
+	for k, v := range h {
+		out[k] = v
+	}
+	for _, f := range otel.GetTextMapPropagator().Fields() {
+		delete(out, f)
+	}
+	return out
+}
+
+func deliveredHeadersAreExact(t *testing.T, h Harness) {
+	e := setup(t, h)
+	tp := topic(Acme, "exact", "")
+	hub := e.subscribe("exact-headers")
+	opts := func(key string) []mq.PublishOpt {
+		return []mq.PublishOpt{mq.WithIdempotencyKey(key), mq.WithHeader("X-One", "1"), mq.WithHeader("X-Two", "a"), mq.WithHeader("X-Two", "b")}
+	}
+	withOpts := mq.Headers{"X-One": {"1"}, "X-Two": {"a", "b"}}
+	want := map[string]mq.Headers{"keyed": withOpts, "only keyed": {}, "bare": {}}
+	e.publish(tp, "keyed", opts("key-1")...)
+	e.publish(tp, "only keyed", mq.WithIdempotencyKey("key-2"))
+	e.publish(tp, "bare")
+	for _, atomic := range []bool{false, true} {
+		if atomic && !h.Caps.AtomicBatch {
+			continue
+		}
+		keyedData, bareData := fmt.Sprintf("batch keyed, atomic %t", atomic), fmt.Sprintf("batch bare, atomic %t", atomic)
+		require.NoError(t, e.b.PublishBatch(e.ctx, mq.Batch{Tenant: Acme, Atomic: atomic, Events: []mq.BatchEvent{
+			{Table: tp.Table, Data: []byte(keyedData), Options: opts(fmt.Sprint("batch-key-", atomic))},
+			{Table: tp.Table, Data: []byte(bareData)},
+		}}), "publish a batch, atomic %t", atomic)
+		want[keyedData], want[bareData] = withOpts, mq.Headers{}
+	}
+	check := func(path string, data string, got mq.Headers) {
+		t.Helper()
+		w, ok := want[data]
+		require.True(t, ok, "%s: unexpected event %q", path, data)
+		assert.Equal(t, w, withoutTraceContext(got), "%s: the headers of %q", path, data)
+	}
+	for _, d := range next(t, hub, len(want)) {
+		check("subscribe", d.data, d.msg.Headers)
+	}
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	for _, d := range next(t, c.deliveries, len(want)) {
+		check("consume", d.data, d.msg.Headers)
+	}
+	e.replayReaches(tp, len(want))
+	require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		check("replay", string(m.Data), m.Headers)
+		return true
+	}))
 }

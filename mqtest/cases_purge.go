@@ -12,12 +12,51 @@ import (
 
 func purgeCases() []testCase {
 	return []testCase{
-		{"PurgeAcked", always, purgeAcked},
-		{"PurgeAckedKeepsAckedEventsStoredAfterTheCutoff", always, purgeAckedKeepsRecent},
-		{"PurgeAckedAppliesEachTenantsOwnCutoff", always, purgeAckedPerTenant},
-		{"PurgeAckedTenantAbsentFromTheMapKeepsNothingAcked", always, purgeAckedAbsentTenant},
-		{"PurgeAckedUnknownConsumer", always, purgeAckedUnknownConsumer},
-		{"PurgeAckedCutoffBeforeAnyStorableTimeKeepsAllAndAfterItPurgesAllAcked", always, purgeAckedOutOfRange},
+		{
+			name: "PurgeAcked",
+			proves: "With PurgesAcked, a cutoff after everything removes the acked events (an " +
+				"unacked one survives any cutoff) and reports true; without it, nothing is " +
+				"removed and it reports false.",
+			flags:     []string{"PurgesAcked"},
+			publishes: "events on acme/p and other tenants' p",
+			run:       purgeAcked,
+		},
+		{
+			name: "PurgeAckedKeepsAckedEventsStoredAfterTheCutoff",
+			proves: "A cutoff before the events were stored keeps them all, acked or not, and " +
+				"reports nothing removed.",
+			publishes: "events on acme/p and other tenants' p",
+			run:       purgeAckedKeepsRecent,
+		},
+		{
+			name:      "PurgeAckedAppliesEachTenantsOwnCutoff",
+			proves:    "Each tenant is purged at its own cutoff.",
+			flags:     []string{"PurgesAcked"},
+			publishes: "events on acme/p, globex/p and other tenants' p",
+			run:       purgeAckedPerTenant,
+		},
+		{
+			name:      "PurgeAckedTenantAbsentFromTheMapKeepsNothingAcked",
+			proves:    "A tenant missing from the map keeps nothing it acknowledged.",
+			flags:     []string{"PurgesAcked"},
+			publishes: "events on acme/p, globex/p and other tenants' p",
+			run:       purgeAckedAbsentTenant,
+		},
+		{
+			name:      "PurgeAckedUnknownConsumer",
+			proves:    "A consumer name the broker cannot map is ErrConsumerNotFound.",
+			publishes: "nothing",
+			run:       purgeAckedUnknownConsumer,
+		},
+		{
+			name: "PurgeAckedCutoffBeforeAnyStorableTimeKeepsAllAndAfterItPurgesAllAcked",
+			proves: "A cutoff far in the past (before any time a broker can store) removes " +
+				"nothing; one far in the future is \"now or later\": with PurgesAcked it " +
+				"removes everything acknowledged, never the reverse by an overflow.",
+			flags:     []string{"PurgesAcked"},
+			publishes: "events on acme/p and other tenants' p",
+			run:       purgeAckedOutOfRange,
+		},
 	}
 }
 
@@ -52,9 +91,6 @@ func (e *env) purge(olderThan map[mq.TenantID]time.Time) bool {
 	return purged
 }
 
-// purgeAcked: with PurgesAcked, a cutoff after everything removes the acked events (an
-// unacked one survives any cutoff) and reports true; without it, nothing is removed
-// and it reports false.
 func purgeAcked(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.ackedButLeft(Acme)
@@ -72,8 +108,6 @@ func purgeAcked(t *testing.T, h Harness) {
 	assert.Equal(t, purgeEvents, e.replay(tp, time.Time{}), "Caps.PurgesAcked is false, yet events left the history")
 }
 
-// purgeAckedKeepsRecent: a cutoff before the events were stored keeps them all, acked
-// or not, and reports nothing removed.
 func purgeAckedKeepsRecent(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.ackedButLeft(Acme)
@@ -83,7 +117,6 @@ func purgeAckedKeepsRecent(t *testing.T, h Harness) {
 	assert.Equal(t, purgeEvents, e.replay(topic(Acme, "p", ""), time.Time{}))
 }
 
-// purgeAckedPerTenant: each tenant is purged at its own cutoff.
 func purgeAckedPerTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.ackedButLeft(Acme, Globex)
@@ -98,7 +131,6 @@ func purgeAckedPerTenant(t *testing.T, h Harness) {
 	assert.Equal(t, purgeEvents, e.replay(topic(Globex, "p", ""), time.Time{}), "globex, whose cutoff is before its events")
 }
 
-// purgeAckedAbsentTenant: a tenant missing from the map keeps nothing it acknowledged.
 func purgeAckedAbsentTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.ackedButLeft(Acme, Globex)
@@ -117,8 +149,6 @@ func purgeAckedAbsentTenant(t *testing.T, h Harness) {
 	}
 }
 
-// purgeAckedUnknownConsumer: a consumer name the broker cannot map is
-// ErrConsumerNotFound.
 func purgeAckedUnknownConsumer(t *testing.T, h Harness) {
 	e := setup(t, h)
 	_, err := e.b.PurgeAcked(e.ctx, "no-such-consumer", nil)
@@ -129,9 +159,6 @@ func purgeAckedUnknownConsumer(t *testing.T, h Harness) {
 	assert.NoError(t, err, "the worker's own durable")
 }
 
-// purgeAckedOutOfRange: a cutoff far in the past (before any time a broker can store)
-// removes nothing; one far in the future is "now or later": with PurgesAcked it removes
-// everything acknowledged, never the reverse by an overflow.
 func purgeAckedOutOfRange(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.ackedButLeft(Acme)

@@ -14,21 +14,81 @@ import (
 
 func replayCases() []testCase {
 	return []testCase{
-		{"ReplaySince", always, replaySince},
-		{"ReplaySinceStopsWhenContextIsDone", always, replaySinceStopsWhenContextIsDone},
-		{"ReplaySinceWithADoneContextReturnsItsErrorAndSendsNothing", always, replaySinceDoneContext},
-		{"ReplaySincePullFailureIsAnError", always, replaySincePullFailure},
-		{"ReplaySinceStopsAfterTheEventSendRefused", always, replaySinceSendFalse},
-		{"ReplaySinceToASlowSendArrivesWholeAndInOrder", always, replaySinceSlowSend},
-		{"ReplaySinceDoesNotSendEventsPublishedDuringIt", always, replaySinceNoTail},
-		{"ReplaySinceSendsMessagesWithTopicDataHeadersAndTimestamp", always, replaySinceMessageShape},
-		{"ReplaySinceRefusesANilSendAndLosesNothing", always, replaySinceNilSend},
-		{"ReplaySinceBeforeAnyStorableTimeIsEverythingAndAfterItNothing", always, replaySinceOutOfRange},
+		{
+			name: "ReplaySince",
+			proves: "A replay sends exactly the topic's events stored at or after since, in " +
+				"order; other tables, scopes and tenants never leak in.",
+			publishes: "events on acme/r and neighbouring tables, scopes and tenants (acme/other, " +
+				"acme/r/s, acme/r/s2, acme/r.s, globex/r)",
+			run: replaySince,
+		},
+		{
+			name: "ReplaySinceStopsWhenContextIsDone",
+			proves: "A replay whose context ends during it returns the context's error after the " +
+				"event it was sending.",
+			publishes: "events on acme/r",
+			run:       replaySinceStopsWhenContextIsDone,
+		},
+		{
+			name:      "ReplaySinceWithADoneContextReturnsItsErrorAndSendsNothing",
+			proves:    "A replay under a context already done returns its error and sends nothing.",
+			publishes: "events on acme/r",
+			run:       replaySinceDoneContext,
+		},
+		{
+			name: "ReplaySincePullFailureIsAnError",
+			proves: "A replay that loses its broker midway is an error that is not a context's, " +
+				"never an early nil: losing the broker is not being caught up.",
+			publishes: "events on acme/r",
+			run:       replaySincePullFailure,
+		},
+		{
+			name: "ReplaySinceStopsAfterTheEventSendRefused",
+			proves: "Send returning false stops the replay after exactly that event, with a nil " +
+				"end.",
+			publishes: "10 events on acme/r",
+			run:       replaySinceSendFalse,
+		},
+		{
+			name: "ReplaySinceToASlowSendArrivesWholeAndInOrder",
+			proves: "A replay to a client taking 5 ms per event, over 300 events, arrives whole " +
+				"and in order.",
+			publishes: "300 events on acme/slow",
+			run:       replaySinceSlowSend,
+		},
+		{
+			name: "ReplaySinceDoesNotSendEventsPublishedDuringIt",
+			proves: "Events published while a replay runs are not sent by it (the caller's live " +
+				"subscription has them), though they are stored.",
+			publishes: "20 events on acme/tail, 5 more during the replay",
+			run:       replaySinceNoTail,
+		},
+		{
+			name: "ReplaySinceSendsMessagesWithTopicDataHeadersAndTimestamp",
+			proves: "Each replayed event is a *mq.Message with its topic, data, headers and a " +
+				"stored timestamp; its settle methods are harmless no-ops.",
+			publishes: "1 event with headers on acme/shape/sc",
+			run:       replaySinceMessageShape,
+		},
+		{
+			name: "ReplaySinceRefusesANilSendAndLosesNothing",
+			proves: "A nil send is refused with an error, never a panic, even with events to " +
+				"send, and the events are still all there.",
+			publishes: "events on acme/r",
+			run:       replaySinceNilSend,
+		},
+		{
+			name: "ReplaySinceBeforeAnyStorableTimeIsEverythingAndAfterItNothing",
+			proves: "A since far in the past (before any time a broker can store, however it " +
+				"counts time) replays everything, one far in the future nothing: never the " +
+				"reverse by an overflow, so a since taken from a client cannot replay the " +
+				"whole history by being absurd.",
+			publishes: "events on acme/r",
+			run:       replaySinceOutOfRange,
+		},
 	}
 }
 
-// replaySince: a replay sends exactly the topic's events stored at or after since, in
-// order; other tables, scopes and tenants never leak in.
 func replaySince(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "r", "")
@@ -84,8 +144,6 @@ func (e *env) twoReplayable() mq.Topic {
 	return tp
 }
 
-// replaySinceStopsWhenContextIsDone: a replay whose context ends during it returns the
-// context's error after the event it was sending.
 func replaySinceStopsWhenContextIsDone(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := e.twoReplayable()
@@ -101,8 +159,6 @@ func replaySinceStopsWhenContextIsDone(t *testing.T, h Harness) {
 	assert.Equal(t, []string{"one"}, sent)
 }
 
-// replaySinceDoneContext: a replay under a context already done returns its error and
-// sends nothing.
 func replaySinceDoneContext(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := e.twoReplayable()
@@ -119,8 +175,6 @@ func replaySinceDoneContext(t *testing.T, h Harness) {
 	assert.Zero(t, sent)
 }
 
-// replaySincePullFailure: a replay that loses its broker midway is an error that is
-// not a context's, never an early nil: losing the broker is not being caught up.
 func replaySincePullFailure(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := e.twoReplayable()
@@ -147,8 +201,6 @@ func replaySincePullFailure(t *testing.T, h Harness) {
 	assert.Equal(t, []string{"one"}, sent)
 }
 
-// replaySinceSendFalse: send returning false stops the replay after exactly that
-// event, with a nil end.
 func replaySinceSendFalse(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "r", "")
@@ -167,8 +219,6 @@ func replaySinceSendFalse(t *testing.T, h Harness) {
 	}
 }
 
-// replaySinceSlowSend: a replay to a client taking 5 ms per event, over 300 events,
-// arrives whole and in order.
 func replaySinceSlowSend(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "slow", "")
@@ -187,8 +237,6 @@ func replaySinceSlowSend(t *testing.T, h Harness) {
 	assert.Equal(t, seq("", n), sent)
 }
 
-// replaySinceNoTail: events published while a replay runs are not sent by it (the
-// caller's live subscription has them), though they are stored.
 func replaySinceNoTail(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "tail", "")
@@ -216,8 +264,6 @@ func replaySinceNoTail(t *testing.T, h Harness) {
 	e.replayEventually(tp, time.Time{}, append(seq("", n), seq("late-", 5)...))
 }
 
-// replaySinceMessageShape: each replayed event is a *mq.Message with its topic, data,
-// headers and a stored timestamp; its settle methods are harmless no-ops.
 func replaySinceMessageShape(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "shape", "sc")
@@ -245,8 +291,6 @@ func replaySinceMessageShape(t *testing.T, h Harness) {
 	assert.NoError(t, m.DoubleAck(e.ctx), "a replayed message's DoubleAck")
 }
 
-// replaySinceNilSend: a nil send is refused with an error, never a panic, even with
-// events to send, and the events are still all there.
 func replaySinceNilSend(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := e.twoReplayable()
@@ -257,10 +301,6 @@ func replaySinceNilSend(t *testing.T, h Harness) {
 	assert.Equal(t, []string{"one", "two"}, e.replay(tp, time.Time{}))
 }
 
-// replaySinceOutOfRange: a since far in the past (before any time a broker can store,
-// however it counts time) replays everything, one far in the future nothing: never the
-// reverse by an overflow, so a since taken from a client cannot replay the whole
-// history by being absurd.
 func replaySinceOutOfRange(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := e.twoReplayable()

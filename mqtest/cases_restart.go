@@ -19,10 +19,51 @@ const idle = 2 * time.Second
 
 func restartCases() []testCase {
 	return []testCase{
-		{"AnIdleRestartDeliversEveryUnacknowledgedEventInOrder", needRestart, idleRestartDeliversEverything},
-		{"ARestartRedeliversWhatWasNakedOrHeldAndNotWhatWasAcknowledged", needRestart, restartRedeliversUnsettled},
-		{"ARestartKeepsDeadLettersAndBudgetsWhereTheBrokerStoresThem", needRestart, restartKeepsDeadLettersAndBudgets},
-		{"ARestartKeepsEnforcingTheBudgetOfWhatIsStillQueued", needRestart, restartKeepsEnforcing},
+		{
+			name: "AnIdleRestartDeliversEveryUnacknowledgedEventInOrder",
+			proves: "Events nobody consumed yet survive two restarts of a broker that was left " +
+				"idle before each, and then arrive in order per tenant. (The NATS brokers " +
+				"once lost them all: a restarting server removed what its history had " +
+				"copied.)",
+			hooks:     []string{"Restart"},
+			publishes: "10 events each on acme/r and globex/r/s",
+			skip:      needRestart,
+			run:       idleRestartDeliversEverything,
+		},
+		{
+			name: "ARestartRedeliversWhatWasNakedOrHeldAndNotWhatWasAcknowledged",
+			proves: "Before an idle restart the worker acknowledges some events, naks others over " +
+				"and over and holds the rest unsettled; afterwards every event it did not " +
+				"acknowledge comes again, and none it acknowledged.",
+			hooks:     []string{"Restart"},
+			flags:     []string{"AckWaitRedelivers"},
+			publishes: "12 events over acme, globex and 10 more tenants, on settle",
+			skip:      needRestart,
+			run:       restartRedeliversUnsettled,
+		},
+		{
+			name: "ARestartKeepsDeadLettersAndBudgetsWhereTheBrokerStoresThem",
+			proves: "Parked events are still counted after two restarts; a budget set before them " +
+				"is still reported where the broker stores budgets (Caps.StoresBudgets), and " +
+				"is reported as never set where it does not.",
+			hooks:     []string{"Restart"},
+			flags:     []string{"StoresBudgets"},
+			publishes: "parks on acme/orders, acme/orders/eu and globex/users",
+			skip:      needRestart,
+			run:       restartKeepsDeadLettersAndBudgets,
+		},
+		{
+			name: "ARestartKeepsEnforcingTheBudgetOfWhatIsStillQueued",
+			proves: "Where budgets are enforced per tenant and stored, the bytes still queued " +
+				"count against the budget after a restart exactly as before it: a tenant that " +
+				"was full is still full after the restart, until its events are consumed, and " +
+				"then takes events again.",
+			hooks:     []string{"Restart"},
+			flags:     []string{"PerTenantBudget", "StoresBudgets"},
+			publishes: "events on acme/b up to its budget",
+			skip:      needRestart,
+			run:       restartKeepsEnforcing,
+		},
 	}
 }
 
@@ -51,10 +92,6 @@ func (e *env) settle(tp mq.Topic, n int) {
 	time.Sleep(idle)
 }
 
-// idleRestartDeliversEverything: events nobody consumed yet survive two restarts of a
-// broker that was left idle before each, and then arrive in order per tenant. (The
-// NATS brokers once lost them all: a restarting server removed what its history had
-// copied.)
 func idleRestartDeliversEverything(t *testing.T, h Harness) {
 	e := setup(t, h)
 	const n = 10
@@ -73,9 +110,6 @@ func idleRestartDeliversEverything(t *testing.T, h Harness) {
 	none(t, c.deliveries)
 }
 
-// restartRedeliversUnsettled: before an idle restart the worker acknowledges some
-// events, naks others over and over and holds the rest unsettled; afterwards every
-// event it did not acknowledge comes again, and none it acknowledged.
 func restartRedeliversUnsettled(t *testing.T, h Harness) {
 	e := setup(t, h)
 	const n = 12
@@ -127,9 +161,6 @@ func restartRedeliversUnsettled(t *testing.T, h Harness) {
 	}
 }
 
-// restartKeepsDeadLettersAndBudgets: parked events are still counted after two
-// restarts; a budget set before them is still reported where the broker stores budgets
-// (Caps.StoresBudgets), and is reported as never set where it does not.
 func restartKeepsDeadLettersAndBudgets(t *testing.T, h Harness) {
 	e := setup(t, h)
 	require.NoError(t, e.b.SetMaxBytes(e.ctx, Acme, 40<<20))
@@ -153,10 +184,6 @@ func restartKeepsDeadLettersAndBudgets(t *testing.T, h Harness) {
 	}
 }
 
-// restartKeepsEnforcing: where budgets are enforced per tenant and stored, the bytes
-// still queued count against the budget after a restart exactly as before it: a
-// tenant that was full is still full after the restart, until its events are
-// consumed, and then takes events again.
 func restartKeepsEnforcing(t *testing.T, h Harness) {
 	if !h.Caps.PerTenantBudget || !h.Caps.StoresBudgets {
 		t.Skip("needs Caps.PerTenantBudget and Caps.StoresBudgets")

@@ -18,15 +18,117 @@ import (
 
 func workerCases() []testCase {
 	return []testCase{
-		{"AFailedEventComesBackWithAGrowingAttemptBeforeItsTenantsNextWhileOtherTenantsGoOn", always, aFailedEventHoldsOnlyItsTenant},
-		{"AnEventThatFailsOnItsMaxDeliveriesthDeliveryIsParkedWithWhyAndAckedAndItsTenantGoesOn", always, aFailingEventIsParked},
-		{"AHandlerPanicIsAFailureRetriedThenParked", always, aPanickingEventIsParked},
-		{"DifferentTenantsRunAtOnceUpToConcurrencyAndATenantNeverTwice", always, differentTenantsRunAtOnce},
-		{"StopHandsBackWhatWaitedSoANewConsumeGetsItAtOnceInOrder", always, stopHandsBackWhatWaited},
-		{"TwoConsumesShareADurableEachTenantInOrderAndOneTakesOverWhenTheOtherStops", always, twoConsumesShareTheDurable},
-		{"ANakByTheHandlerHoldsItsTenantUntilItComesBackAndNeverParks", always, aNakHoldsItsTenantAndNeverParks},
-		{"StopWaitsForTheCallsInFlightUpToStopTimeout", always, stopWaitsForTheCallsInFlight},
-		{"CreateConsumerRefusesAConfigThatCannotWorkWithErrInvalidConfig", always, invalidConsumerConfig},
+		{
+			name: "AFailedEventComesBackWithAGrowingAttemptBeforeItsTenantsNextWhileOtherTenantsGoOn",
+			proves: "A failed event is delivered again, its Attempt one higher each time, and " +
+				"never while its previous call runs; its tenant's later events begin only " +
+				"once it was handled; the other tenants, published after it first failed, are " +
+				"handled meanwhile (it fails until they all were, so a broker that held them " +
+				"behind it never gets there). Eight tenants, so on a broker with a few " +
+				"delivery units some share acme's. With Caps.RetryPolicy each retry begins no " +
+				"sooner than RetryDelay after the failed call returned, doubling up to " +
+				"MaxRetryDelay, and under a negative MaxDeliveries nothing is parked, even " +
+				"past the default of 10 deliveries.",
+			flags:     []string{"RetryPolicy"},
+			publishes: "a failing event and its successors on acme/t; events for other tenants",
+			run:       aFailedEventHoldsOnlyItsTenant,
+		},
+		{
+			name: "AnEventThatFailsOnItsMaxDeliveriesthDeliveryIsParkedWithWhyAndAckedAndItsTenantGoesOn",
+			proves: "An event whose handler returns an error on every delivery is parked on the " +
+				"failure of its MaxDeliveries-th. Under MaxDeliveries 3, with " +
+				"Caps.RetryPolicy, it is handled three times (attempts 1 to 3), then parked " +
+				"once under its own topic with its data, its headers and the mq.HeaderDead* " +
+				"ones, and acked: never delivered again, not even to a new Consume; its " +
+				"tenant's next event follows it. Without the flag it is handed to the handler " +
+				"a fourth time and nothing is parked. The parked error is the last one, on " +
+				"one line, cut to 1 KiB.",
+			hooks:     []string{"DeadLetters"},
+			flags:     []string{"AckWaitRedelivers", "RetryPolicy"},
+			publishes: "a poison event and its successors on acme/rows/s",
+			run:       aFailingEventIsParked,
+		},
+		{
+			name: "AHandlerPanicIsAFailureRetriedThenParked",
+			proves: "A handler that panics on every delivery of an event is a failure as an error " +
+				"is: retried, then parked with an error that says the panic's value. Under " +
+				"MaxDeliveries 3, with Caps.RetryPolicy, it is handled three times (attempts " +
+				"1 to 3), then parked once under its own topic with its data, its headers and " +
+				"the mq.HeaderDead* ones, and acked: never delivered again, not even to a new " +
+				"Consume; its tenant's next event follows it. Without the flag it is handed " +
+				"to the handler a fourth time and nothing is parked.",
+			hooks:     []string{"DeadLetters"},
+			flags:     []string{"AckWaitRedelivers", "RetryPolicy"},
+			publishes: "a poison event and its successors on acme/rows/s",
+			run:       aPanickingEventIsParked,
+		},
+		{
+			name: "DifferentTenantsRunAtOnceUpToConcurrencyAndATenantNeverTwice",
+			proves: "With Caps.ConcurrentTenants and Concurrency 3, three calls of different " +
+				"tenants are in flight together (each waits until the case lets them go) and " +
+				"a fourth does not begin meanwhile; without it, one call is. Eight tenants " +
+				"with three events each, so on a broker with a few delivery units some share " +
+				"one. Either way no tenant has two calls at once and each keeps its order.",
+			flags:     []string{"ConcurrentTenants"},
+			publishes: "3 events each for acme, globex and 6 more tenants",
+			run:       differentTenantsRunAtOnce,
+		},
+		{
+			name: "StopHandsBackWhatWaitedSoANewConsumeGetsItAtOnceInOrder",
+			proves: "Two tenants are held by the worker, each with an event behind the held one: " +
+				"acme's first event failed under an hour's RetryDelay (without " +
+				"Caps.RetryPolicy its handler nak'ed it with an hour's delay instead), " +
+				"globex's first the handler nak'ed with an hour's delay; meanwhile a third " +
+				"tenant goes on, and the host keeps one of its events, returned unsettled, " +
+				"for a batch. After stop the host still acks the kept event. With " +
+				"Caps.HandsBackOnStop, a new Consume then gets both held tenants' events at " +
+				"once (long before the hour, or the ack wait), each tenant in order, the held " +
+				"event first and delivered again; without it, none of them within the quiet " +
+				"window. Either way it never gets the kept event.",
+			flags:     []string{"HandsBackOnStop", "RetryPolicy"},
+			publishes: "events on acme/t, globex/t and a third tenant",
+			run:       stopHandsBackWhatWaited,
+		},
+		{
+			name: "TwoConsumesShareADurableEachTenantInOrderAndOneTakesOverWhenTheOtherStops",
+			proves: "With Caps.SharedConsumers, two Consumes of one durable share its events: " +
+				"rounds of three events for each of eight tenants go on until both were " +
+				"handed some; then one stops with a round just published (part of its share " +
+				"still waiting), and a last round follows. Every event is handled; no call of " +
+				"the stopped one begins after its stop returned; a tenant's calls, across " +
+				"both, never overlap and never go back to an earlier event. Without the flag, " +
+				"a second Consume while the first runs is refused.",
+			flags:     []string{"SharedConsumers"},
+			publishes: "3 events each for acme, globex and 6 more tenants",
+			run:       twoConsumesShareTheDurable,
+		},
+		{
+			name: "ANakByTheHandlerHoldsItsTenantUntilItComesBackAndNeverParks",
+			proves: "An event the handler nak'ed itself before returning holds its tenant as a " +
+				"failure does (the tenant's next event begins only once the nak'ed one was " +
+				"handled again, and acked) but is never parked: only a failure parks, so " +
+				"under MaxDeliveries 2 it is handed to the handler a third time.",
+			publishes: "a nak'ed event and its successors on acme/t",
+			run:       aNakHoldsItsTenantAndNeverParks,
+		},
+		{
+			name: "StopWaitsForTheCallsInFlightUpToStopTimeout",
+			proves: "Stop does not return while a handler call runs; the call then settles its " +
+				"event (a new Consume does not get it again) and stop returns. Under a " +
+				"StopTimeout shorter than a call, stop returns while the call still runs.",
+			publishes: "a few events on acme/t",
+			run:       stopWaitsForTheCallsInFlight,
+		},
+		{
+			name: "CreateConsumerRefusesAConfigThatCannotWorkWithErrInvalidConfig",
+			proves: "A ConsumerConfig that cannot work (a negative duration or count, a partition " +
+				"claim that is empty, names a partition twice or one no broker has) is " +
+				"refused with mq.ErrInvalidConfig, never mistaken for a missing durable; a " +
+				"negative MaxDeliveries (never park) and a claim of the first unit are valid, " +
+				"and the durable still works after the refusals.",
+			publishes: "1 event on acme/t after the refusals",
+			run:       invalidConsumerConfig,
+		},
 	}
 }
 
@@ -82,11 +184,6 @@ func upTo(n int) []int {
 	return out
 }
 
-// invalidConsumerConfig: a ConsumerConfig that cannot work (a negative duration or
-// count, a partition claim that is empty, names a partition twice or one no broker
-// has) is refused with mq.ErrInvalidConfig, never mistaken for a missing durable; a
-// negative MaxDeliveries (never park) and a claim of the first unit are valid, and the
-// durable still works after the refusals.
 func invalidConsumerConfig(t *testing.T, h Harness) {
 	e := setup(t, h)
 	for name, cfg := range map[string]mq.ConsumerConfig{

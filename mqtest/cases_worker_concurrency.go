@@ -13,11 +13,6 @@ import (
 
 // Concurrency: different tenants run at once, a tenant never twice.
 
-// differentTenantsRunAtOnce: with Caps.ConcurrentTenants and Concurrency 3, three
-// calls of different tenants are in flight together (each waits until the case lets
-// them go) and a fourth does not begin meanwhile; without it, one call is. Eight
-// tenants with three events each, so on a broker with a few delivery units some share
-// one. Either way no tenant has two calls at once and each keeps its order.
 func differentTenantsRunAtOnce(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tenants := e.manyTenants(6)

@@ -13,13 +13,6 @@ import (
 
 // Several Consumes sharing one durable.
 
-// twoConsumesShareTheDurable: with Caps.SharedConsumers, two Consumes of one durable
-// share its events: rounds of three events for each of eight tenants go on until both
-// were handed some; then one stops with a round just published (part of its share
-// still waiting), and a last round follows. Every event is handled; no call of the
-// stopped one begins after its stop returned; a tenant's calls, across both, never
-// overlap and never go back to an earlier event. Without the flag, a second Consume
-// while the first runs is refused.
 func twoConsumesShareTheDurable(t *testing.T, h Harness) {
 	e := setup(t, h)
 	if !h.Caps.SharedConsumers {

@@ -18,14 +18,6 @@ import (
 // The poison policy: a failed event comes back after RetryDelay, holding only its
 // tenant; after MaxDeliveries it is parked with why; a Nak holds but never parks.
 
-// aFailedEventHoldsOnlyItsTenant: a failed event is delivered again, its Attempt one
-// higher each time, and never while its previous call runs; its tenant's later events
-// begin only once it was handled; the other tenants, published after it first failed,
-// are handled meanwhile (it fails until they all were, so a broker that held them
-// behind it never gets there). Eight tenants, so on a broker with a few delivery units
-// some share acme's. With Caps.RetryPolicy each retry begins no sooner than RetryDelay
-// after the failed call returned, doubling up to MaxRetryDelay, and under a negative
-// MaxDeliveries nothing is parked, even past the default of 10 deliveries.
 func aFailedEventHoldsOnlyItsTenant(t *testing.T, h Harness) {
 	e := setup(t, h)
 	others := e.manyTenants(6)[1:]
@@ -94,9 +86,6 @@ func aFailedEventHoldsOnlyItsTenant(t *testing.T, h Harness) {
 	assertCounts(t, nil, 0, e.counts(Acme, ""), "acme: Caps.RetryPolicy, a negative MaxDeliveries parks nothing")
 }
 
-// aFailingEventIsParked: an event whose handler returns an error on every delivery is
-// parked on the failure of its MaxDeliveries-th; see parkedAfterMaxDeliveries. The
-// parked error is the last one, on one line, cut to 1 KiB.
 func aFailingEventIsParked(t *testing.T, h Harness) {
 	long := strings.Repeat("x", 2048)
 	parkedAfterMaxDeliveries(t, h, func(m *mq.Message) error {
@@ -107,9 +96,6 @@ func aFailingEventIsParked(t *testing.T, h Harness) {
 	})
 }
 
-// aPanickingEventIsParked: a handler that panics on every delivery of an event is a
-// failure as an error is: retried, then parked with an error that says the panic's
-// value; see parkedAfterMaxDeliveries.
 func aPanickingEventIsParked(t *testing.T, h Harness) {
 	parkedAfterMaxDeliveries(t, h, func(m *mq.Message) error {
 		panic(fmt.Sprintf("mqtest: a handler that panics, attempt %d", m.Attempt))
@@ -211,10 +197,6 @@ func parkedTime(t *testing.T, hd mq.Headers, key string) time.Time {
 	return at
 }
 
-// aNakHoldsItsTenantAndNeverParks: an event the handler nak'ed itself before returning
-// holds its tenant as a failure does (the tenant's next event begins only once the
-// nak'ed one was handled again, and acked) but is never parked: only a failure parks,
-// so under MaxDeliveries 2 it is handed to the handler a third time.
 func aNakHoldsItsTenantAndNeverParks(t *testing.T, h Harness) {
 	e := setup(t, h)
 	const maxDeliveries, naks = 2, 3

@@ -13,15 +13,6 @@ import (
 
 // The graceful stop: it waits for the calls in flight and hands back what waited.
 
-// stopHandsBackWhatWaited: two tenants are held by the worker, each with an event
-// behind the held one: acme's first event failed under an hour's RetryDelay (without
-// Caps.RetryPolicy its handler nak'ed it with an hour's delay instead), globex's first
-// the handler nak'ed with an hour's delay; meanwhile a third tenant goes on, and the
-// host keeps one of its events, returned unsettled, for a batch. After stop the host
-// still acks the kept event. With Caps.HandsBackOnStop, a new Consume then gets both
-// held tenants' events at once (long before the hour, or the ack wait), each tenant in
-// order, the held event first and delivered again; without it, none of them within the
-// quiet window. Either way it never gets the kept event.
 func stopHandsBackWhatWaited(t *testing.T, h Harness) {
 	e := setup(t, h)
 	third := e.manyTenants(1)[2]
@@ -79,9 +70,6 @@ func stopHandsBackWhatWaited(t *testing.T, h Harness) {
 	none(t, second.deliveries) // nor the kept event, acked after stop
 }
 
-// stopWaitsForTheCallsInFlight: stop does not return while a handler call runs; the
-// call then settles its event (a new Consume does not get it again) and stop returns.
-// Under a StopTimeout shorter than a call, stop returns while the call still runs.
 func stopWaitsForTheCallsInFlight(t *testing.T, h Harness) {
 	e := setup(t, h)
 	tp := topic(Acme, "t", "")

@@ -59,6 +59,7 @@ func memHarness() mqtest.Harness {
 			PurgesAcked:      true,
 			StoresBudgets:    true,
 			DurablesOnDemand: true,
+			AtomicBatch:      true, // one lock stores a batch whole
 		},
 	}
 }
@@ -107,6 +108,8 @@ var memWrongDeclarations = map[string]memWrongDeclaration{
 		"CreateConsumerRefusesAnUnknownDurableUnlessDurablesOnDemand", "Caps.DurablesOnDemand"},
 	"StatsConnections": {func(h *mqtest.Harness) { h.Caps.StatsConnections = true },
 		"Stats", "Caps.StatsConnections"},
+	"AtomicBatch": {func(h *mqtest.Harness) { h.Caps.AtomicBatch = false },
+		"AnAtomicBatchStoresEverythingInOrderOrIsUnsupportedExactlyAsAtomicBatchIsDeclared", "Caps.AtomicBatch"},
 	"ReservedHeaderPrefixNats": {func(h *mqtest.Harness) { h.ReservedHeaderPrefix = "Nats-" },
 		"RefusesAReservedHeaderAndStoresNothing", "Harness.ReservedHeaderPrefix"},
 	"ReservedHeaderPrefixNone": {func(h *mqtest.Harness) { h.ReservedHeaderPrefix = "" },

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel"
 	"slices"
 	"sync"
 	"time"
@@ -160,7 +161,10 @@ func (mc *memConsume) run() {
 		b.stats.OutMsgs++
 		b.stats.OutBytes += int64(len(ev.data))
 		s := &memSettler{b: b, group: mc.group, seq: ev.seq, token: st.token}
-		m := ev.message(mc.ctx, st.attempts, mq.WithSettler(s))
+		// The handler works under the publisher's trace, as the NATS brokers' consumer
+		// span does, and under CreateConsumer's context.
+		hctx := otel.GetTextMapPropagator().Extract(mc.ctx, memCarrier(ev.headers))
+		m := ev.message(hctx, st.attempts, mq.WithSettler(s))
 		b.mu.Unlock()
 		if err := call(mc.handler, m); err != nil {
 			_ = s.settle(false, 0) // a failure is a nak; one the handler settled stays settled

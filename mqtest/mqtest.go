@@ -1,44 +1,3 @@
-// Package mqtest states, once, the behaviour the rest of a process relies on from an
-// [mq.Broker], as a conformance suite any broker can run.
-//
-// A broker author writes one test that calls [Run] with a [Harness]:
-//
-//	func TestMyBroker_Conformance(t *testing.T) {
-//		mqtest.Run(t, mqtest.Harness{
-//			New:                  newBroker,                // required: a fresh, isolated broker per case
-//			EndDelivery:          deleteDurable,            // optional: end delivery of mqtest.Durable from outside
-//			Fill:                 mqtest.FillByPublishing,  // optional: make the tenant's next Publish ErrQueueFull
-//			DeadLetters:          readParked,               // optional: read parked events back
-//			ReservedHeaderPrefix: "My-",                    // the header names the broker keeps for itself
-//			Caps:                 mqtest.Caps{PerTenantBudget: true /* ... */},
-//		})
-//	}
-//
-// Cases address events only by [mq.Topic] (tenant, table, optional scope), never by
-// stream, subject or partition, so a broker passes by behaving correctly, not by
-// copying another broker's layout. Where two brokers may legitimately differ, a
-// capability flag in [Caps] says which way, and every flag is checked by behaviour in
-// both directions: declaring true for something that does not work, or false for
-// something that does, fails a case. Nothing else is optional, except the cases that
-// need a hook the harness left nil, and the Health cases, which a broker that does not
-// implement [mq.HealthChecker] skips.
-//
-// Every case runs as a parallel subtest on its own broker from [Harness.New]. Waits for
-// something that should happen are bounded by a generous 5 s; something that must not
-// happen is watched for 300 ms. No case asserts how fast anything is; a delay the case
-// configured (a RetryDelay) is checked only as a lower bound between two calls.
-//
-// Both windows scale by [Harness.WaitScale] times the environment variable
-// MQTEST_WAIT_SCALE (each 1 when unset): above 1 for a slow broker or machine, below 1
-// to make a failing case fail sooner. About half the cases spend a quiet window
-// proving that nothing more arrives, so the suite's time is mostly waiting: run it
-// with `go test -parallel 16` or more (the default is GOMAXPROCS), which on two cores
-// makes it several times faster.
-//
-// [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
-// propagator for the duration of the run (the trace case needs it) and restores the
-// previous one afterwards. Because that is global state, Run must not be called from a
-// parallel test, nor alongside other tests that read or set the global propagator.
 package mqtest
 
 import (
@@ -221,17 +180,46 @@ type Caps struct {
 	// at least 1 while it runs. False: the broker has no connections, and
 	// Stats.Connections is always 0.
 	StatsConnections bool
+
+	// AtomicBatch: PublishBatch honours Batch.Atomic. True: an atomic batch stores
+	// every event, in order, or none. False: the broker has no atomic batches and
+	// refuses one whole, storing nothing, with an error wrapping errors.ErrUnsupported;
+	// its pipelined batches work all the same.
+	AtomicBatch bool
 }
 
-// testCase is one conformance case. skip returns a reason when the harness cannot run
-// it, or "".
+// Case describes one conformance case, for the author of a broker reading why it
+// failed: Run runs it as the subtest Name.
+type Case struct {
+	// Name is the subtest's name: a failure reads TestYourBroker_Conformance/Name.
+	Name string
+	// Proves is the behaviour the case checks, as the contract in package mq states it.
+	Proves string
+	// Hooks are the Harness fields besides New the case uses (EndDelivery, Fill,
+	// DeadLetters, Restart, TooLarge). A case whose hook the harness leaves nil is
+	// skipped, or (DeadLetters, TooLarge) checks less or takes the default.
+	Hooks []string
+	// Flags are the Caps flags that change what the case expects, each value
+	// checked by behaviour, so a wrong flag fails the case; a few cases only run
+	// under a flag (their Proves starts "With <flag>") and are skipped without it.
+	Flags []string
+	// Publishes is what the case stores: tenants, topics (tenant/table[/scope]) and
+	// roughly how many events. Tenants besides Acme and Globex are budgeted by the
+	// case with SetMaxBytes.
+	Publishes string
+}
+
+// testCase is one conformance case: its description (see Case) and how it runs. skip
+// returns a reason when the harness cannot run it, or ""; nil never skips.
 type testCase struct {
-	name string
-	skip func(h Harness) string
-	run  func(t *testing.T, h Harness)
+	name      string
+	proves    string
+	hooks     []string
+	flags     []string
+	publishes string
+	skip      func(h Harness) string
+	run       func(t *testing.T, h Harness)
 }
-
-func always(Harness) string { return "" }
 
 func needFill(h Harness) string {
 	if h.Fill == nil {
@@ -252,9 +240,11 @@ func cases() []testCase {
 	var all []testCase
 	for _, group := range [][]testCase{
 		publishCases(),
+		batchCases(),
 		inputCases(),
 		hubCases(),
 		consumeCases(),
+		redeliveryCases(),
 		workerCases(),
 		deliveryEndCases(),
 		replayCases(),
@@ -307,8 +297,10 @@ func Run(t *testing.T, h Harness) {
 		}
 		seen[c.name] = true
 		t.Run(c.name, func(t *testing.T) {
-			if reason := c.skip(h); reason != "" {
-				t.Skipf("the harness excludes this case: %s", reason)
+			if c.skip != nil {
+				if reason := c.skip(h); reason != "" {
+					t.Skipf("the harness excludes this case: %s", reason)
+				}
 			}
 			t.Parallel()
 			c.run(t, h)
