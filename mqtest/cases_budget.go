@@ -90,8 +90,10 @@ func budgetCases() []testCase {
 			run:       stats,
 		},
 		{
-			name:      "StatsCountTraffic",
-			proves:    "Publishing and delivering moves the message and byte counters.",
+			name: "StatsCountTraffic",
+			proves: "Publishing and delivering moves the message and byte counters: 10 KiB " +
+				"published count in InMsgs and InBytes, their hub deliveries in OutMsgs and " +
+				"OutBytes.",
 			publishes: "events on acme/stats",
 			run:       statsCountTraffic,
 		},

@@ -371,9 +371,9 @@ import "slices"
 //     context already done returns its error and sends nothing. Publishes: events on
 //     acme/r.
 //
-//   - ReplaySincePullFailureIsAnError: A replay that loses its broker midway is an
-//     error that is not a context's, never an early nil: losing the broker is not being
-//     caught up. Publishes: events on acme/r.
+//   - ReplaySincePullFailureIsAnError: A replay that loses its broker midway (the case
+//     calls Close from inside send) is an error that is not a context's, never an early
+//     nil: losing the broker is not being caught up. Publishes: events on acme/r.
 //
 //   - ReplaySinceStopsAfterTheEventSendRefused: Send returning false stops the replay
 //     after exactly that event, with a nil end. Publishes: 10 events on acme/r.
@@ -481,8 +481,9 @@ import "slices"
 //     connection, without it Connections is 0. Publishes: nothing. Flags:
 //     StatsConnections.
 //
-//   - StatsCountTraffic: Publishing and delivering moves the message and byte counters.
-//     Publishes: events on acme/stats.
+//   - StatsCountTraffic: Publishing and delivering moves the message and byte counters:
+//     10 KiB published count in InMsgs and InBytes, their hub deliveries in OutMsgs and
+//     OutBytes. Publishes: events on acme/stats.
 //
 //   - PurgeAcked: With PurgesAcked, a cutoff after everything removes the acked events
 //     (an unacked one survives any cutoff) and reports true; without it, nothing is

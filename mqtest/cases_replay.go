@@ -37,8 +37,9 @@ func replayCases() []testCase {
 		},
 		{
 			name: "ReplaySincePullFailureIsAnError",
-			proves: "A replay that loses its broker midway is an error that is not a context's, " +
-				"never an early nil: losing the broker is not being caught up.",
+			proves: "A replay that loses its broker midway (the case calls Close from inside " +
+				"send) is an error that is not a context's, never an early nil: losing the " +
+				"broker is not being caught up.",
 			publishes: "events on acme/r",
 			run:       replaySincePullFailure,
 		},
