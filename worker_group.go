@@ -167,7 +167,7 @@ func (g *group) hear(m *nats.Msg) {
 // send publishes this member's heartbeat.
 func (g *group) send(leaving bool) {
 	g.mu.Lock()
-	b := beat{ID: g.self, Name: g.self[len(g.self)-4:], Leaving: leaving, Claim: g.d.policy.claim}
+	b := beat{ID: g.self, Name: g.d.core.nc.Opts.Name, Leaving: leaving, Claim: g.d.policy.claim}
 	for p := range g.owned {
 		b.Owned = append(b.Owned, p)
 	}
