@@ -71,6 +71,8 @@ var (
 	// own included), is larger than the broker accepts. Nothing is stored: the NATS
 	// brokers refuse it before sending when it exceeds the server's max payload, and
 	// the stream refuses it on arrival when only the stream's own limit is lower.
+	// Every broker accepts data of 256 KiB with a few headers, so a host may size its
+	// rows to that without asking (mqtest checks it).
 	ErrPayloadTooLarge = errors.New("mq: payload too large")
 
 	// ErrClosed: the broker was closed.
@@ -292,9 +294,10 @@ const HeaderIdempotencyKey = "Nats-Msg-Id"
 type PublishOpt func(h Headers)
 
 // WithHeader appends a header value; two calls with one key keep both values. Keys
-// starting with "Nats-" (in any case) are reserved for the broker and refused with
-// ErrInvalidHeader, except HeaderIdempotencyKey, which WithIdempotencyKey sets; so are
-// the names and values [Headers] cannot carry.
+// under the broker's reserved prefix (in any case; "Nats-" on the NATS brokers) are
+// refused with ErrInvalidHeader, except HeaderIdempotencyKey, which WithIdempotencyKey
+// sets; so are the names and values [Headers] cannot carry. Every other name reaches
+// the consumer as published.
 func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(key, value) } }
 
 // WithIdempotencyKey makes the publish or park idempotent: a second one with the same

@@ -94,6 +94,9 @@ type WorkerStatus struct {
 	Owned    []int
 	Claim    []int
 	Leaving  bool
+	// Unsettled are partitions it gave up with events delivered to it that never
+	// arrived: the next owner takes them an ack wait later.
+	Unsettled []int
 }
 
 // status reads the snapshot; the workers' listen runs alongside the reads.

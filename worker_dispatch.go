@@ -77,6 +77,10 @@ type unit struct {
 	late       []*entry          // arrived while releasing
 	released   bool              // everything held was taken to be handed back
 	handedBack chan struct{}     // closed once release finished
+	lastAcked  string            // the ack subject of the latest delivery acked (under dispatcher.mu)
+	// unsettled: release found events of u pending that it could not hand back
+	// (see release); the next owner must wait an ack wait for them.
+	unsettled atomic.Bool
 }
 
 func (u *unit) isReleasing() bool { return u.releasing.Load() }
@@ -362,6 +366,7 @@ func (d *dispatcher) observe(u *unit, e *entry, kind settled) {
 	switch kind {
 	case settledAck:
 		e.acked = true
+		u.lastAcked = e.m.Reply()
 		delete(d.tries, eventRef{e.part, e.seq})
 	case settledNak:
 		e.naked = true

@@ -45,6 +45,11 @@ func (d *dispatcher) leave(deadline time.Time) {
 	d.mu.Unlock()
 	d.releaseAll(units, deadline)
 	if d.group != nil {
+		for _, u := range units {
+			if u.unsettled.Load() {
+				d.group.noteUnsettled(u.p)
+			}
+		}
 		d.group.leave()
 	}
 	d.endTicks()
@@ -59,6 +64,9 @@ func (d *dispatcher) give(p int) {
 		return
 	}
 	d.release(u, time.Now().Add(d.policy.stopTimeout))
+	if u.unsettled.Load() && d.group != nil {
+		d.group.noteUnsettled(p)
+	}
 	d.mu.Lock()
 	if d.units[p] == u {
 		delete(d.units, p)
@@ -84,7 +92,7 @@ func (d *dispatcher) close() {
 	slices.SortFunc(held, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
 	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout)
 	defer cancel()
-	if _, err := d.handBack(ctx, held); err != nil {
+	if _, err := d.handBack(ctx, held, ""); err != nil {
 		d.core.log.Debug("mq: cannot hand back what handlers left unsettled; the ack wait redelivers it",
 			"consumer", d.durable, "error", err)
 	}
@@ -182,13 +190,31 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 	_ = d.core.nc.FlushWithContext(ctx)
 	cons, infoErr := d.core.js.Consumer(ctx, u.stream, d.durable)
 	held := d.takeHeld(u)
-	if n, err := d.handBack(ctx, held); err != nil {
+	d.mu.Lock()
+	barrier, returned := u.lastAcked, len(u.returned)
+	d.mu.Unlock()
+	if n, err := d.handBack(ctx, held, barrier); err != nil {
 		// Not unpinned: the partition waits for the pinned TTL, which gives the
 		// unconfirmed naks time to arrive, or the ack wait to redeliver them, before
 		// the next owner pulls.
+		u.unsettled.Store(true)
 		d.core.log.Info("mq: could not hand back every event of a partition; the ack wait redelivers them",
 			"stream", u.stream, "consumer", d.durable, "handed_back", n, "held", len(held), "error", err)
 		return
+	}
+	// Everything this worker sent the leader is processed now (handBack's barrier), so
+	// what the durable still has pending beyond what was handed back and what the
+	// host holds was delivered to this worker and never reached it: on a cluster the
+	// server's last deliveries can cross the unsubscribe. The next owner must not pull
+	// before they come back, an ack wait after their delivery; the group treats the
+	// partition as an orphan rather than as released.
+	if infoErr == nil {
+		if info, err := cons.Info(ctx); err == nil && info.NumAckPending > len(held)+returned {
+			u.unsettled.Store(true)
+			d.core.log.Info("mq: events of a partition were delivered as it was released and never arrived; the next owner waits an ack wait for them",
+				"stream", u.stream, "consumer", d.durable, "ack_pending", info.NumAckPending, "handed_back", len(held), "held_by_host", returned)
+			return
+		}
 	}
 	if u.group != "" && infoErr == nil && !d.core.nc.IsClosed() {
 		d.unpin(ctx, u, cons)
@@ -201,9 +227,12 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 // unpin (the server runs acks and API requests on different queues), and the next
 // owner would then get its tenant's later events first. An event nak'ed with a delay
 // gets a plain nak on the same delivery: it puts it back now, ahead of its tenant's
-// later events.
-func (d *dispatcher) handBack(ctx context.Context, held []*entry) (int, error) {
-	if len(held) == 0 {
+// later events. barrier, when not "", is the ack subject of a delivery the worker
+// acked: a progress report on it, confirmed after the naks, proves the leader
+// processed every ack this connection sent before (it reads them in order), and on a
+// delivery no longer pending it changes nothing.
+func (d *dispatcher) handBack(ctx context.Context, held []*entry, barrier string) (int, error) {
+	if len(held) == 0 && barrier == "" {
 		return 0, nil
 	}
 	nc := d.core.nc
@@ -218,9 +247,16 @@ func (d *dispatcher) handBack(ctx context.Context, held []*entry) (int, error) {
 			return 0, err
 		}
 	}
-	for n := range held {
+	answers := len(held)
+	if barrier != "" {
+		if err := nc.PublishRequest(barrier, inbox, []byte("+WPI")); err != nil {
+			return 0, err
+		}
+		answers++
+	}
+	for n := range answers {
 		if _, err := sub.NextMsgWithContext(ctx); err != nil {
-			return n, err
+			return min(n, len(held)), err
 		}
 	}
 	return len(held), nil

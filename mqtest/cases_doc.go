@@ -123,8 +123,9 @@ import "slices"
 //
 //   - RefusesAPayloadLargerThanTheBrokerAcceptsAndStoresNothing: A payload over the
 //     broker's limit is ErrPayloadTooLarge, refused before anything is stored; one of
-//     256 KiB is not. Publishes: 1 refused payload of Harness.TooLarge bytes on
-//     acme/big, then 1 small event. Hooks: TooLarge.
+//     256 KiB, which every broker accepts (see mq.ErrPayloadTooLarge), is not.
+//     Publishes: 1 refused payload of Harness.TooLarge bytes on acme/big, then 1 small
+//     event. Hooks: TooLarge.
 //
 //   - RefusesAReservedHeaderAndStoresNothing: A header option starting with
 //     Harness.ReservedHeaderPrefix (in any case) is ErrInvalidHeader and nothing is
@@ -242,12 +243,13 @@ import "slices"
 //     among the headers. Publishes: events on acme/meta, with and without an
 //     idempotency key. Hooks: ReservedHeaderPrefix.
 //
-//   - InProgressKeepsAHeldEventFromComingBack: With AckWaitRedelivers, under an AckWait
-//     of 200 ms, an event the handler returned unsettled (held for a batch) and the
-//     host then keeps alive with InProgress every 50 ms (each returning nil) for 800 ms
-//     does not come back, nor after the host acks it; the tenant's next event is
-//     delivered meanwhile. (Held without InProgress it does come back: see
-//     AckWaitRedelivers.) Publishes: 2 events on acme/held. Flags: AckWaitRedelivers.
+//   - InProgressKeepsAHeldEventFromComingBack: Only with AckWaitRedelivers: under an
+//     AckWait of the quiet window (300 ms, scaled; at least 200 ms), an event the
+//     handler returned unsettled (held for a batch) and the host then keeps alive with
+//     InProgress every quarter of it (each returning nil) for four ack waits does not
+//     come back, nor after the host acks it; the tenant's next event is delivered
+//     meanwhile. (Held without InProgress it does come back: see AckWaitRedelivers.)
+//     Publishes: 2 events on acme/held. Flags: AckWaitRedelivers.
 //
 //   - ARedeliveredEventKeepsItsTenantsOrder: The first event of each of two tenants is
 //     nak'ed once by its handler (acme's with Nak, globex's with NakWithDelay of 100
@@ -255,12 +257,13 @@ import "slices"
 //     every later event is then handled once, in publish order, never alongside another
 //     call of its tenant. Publishes: 10 events each on acme/t and globex/t.
 //
-//   - SettlingAStaleDeliveryLateNeitherLosesNorRevivesItsEvent: With AckWaitRedelivers,
-//     an event whose first two deliveries the handler keeps unsettled comes back a
-//     third time; a Nak of the first (stale) delivery meanwhile does not lose it. Once
-//     the third delivery is acked, settling the stale ones (Ack, DoubleAck, Nak)
-//     returns nil or an error, never panics, and the event is not delivered again; the
-//     tenant goes on. Publishes: 2 events on acme/stale. Flags: AckWaitRedelivers.
+//   - SettlingAStaleDeliveryLateNeitherLosesNorRevivesItsEvent: Only with
+//     AckWaitRedelivers: an event whose first two deliveries the handler keeps
+//     unsettled comes back a third time; a Nak of the first (stale) delivery meanwhile
+//     does not lose it. Once the third delivery is acked, settling the stale ones (Ack,
+//     DoubleAck, Nak) returns nil or an error, never panics, and the event is not
+//     delivered again; the tenant goes on. Publishes: 2 events on acme/stale. Flags:
+//     AckWaitRedelivers.
 //
 //   - ConsumeCarriesTheTraceContextAndCreateConsumersContext: On the worker path
 //     Message.Ctx carries a valid span context with the publisher's trace id (Publish

@@ -48,7 +48,8 @@ func inputCases() []testCase {
 		{
 			name: "RefusesAPayloadLargerThanTheBrokerAcceptsAndStoresNothing",
 			proves: "A payload over the broker's limit is ErrPayloadTooLarge, refused before " +
-				"anything is stored; one of 256 KiB is not.",
+				"anything is stored; one of 256 KiB, which every broker accepts (see " +
+				"mq.ErrPayloadTooLarge), is not.",
 			hooks:     []string{"TooLarge"},
 			publishes: "1 refused payload of Harness.TooLarge bytes on acme/big, then 1 small event",
 			run:       refusesATooLargePayload,

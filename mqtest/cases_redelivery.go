@@ -22,9 +22,10 @@ func redeliveryCases() []testCase {
 	return []testCase{
 		{
 			name: "InProgressKeepsAHeldEventFromComingBack",
-			proves: "With AckWaitRedelivers, under an AckWait of 200 ms, an event the handler " +
-				"returned unsettled (held for a batch) and the host then keeps alive with " +
-				"InProgress every 50 ms (each returning nil) for 800 ms does not come back, " +
+			proves: "Only with AckWaitRedelivers: under an AckWait of the quiet window (300 ms, " +
+				"scaled; at least 200 ms), an event the handler returned unsettled (held for a " +
+				"batch) and the host then keeps alive with InProgress every quarter of it " +
+				"(each returning nil) for four ack waits does not come back, " +
 				"nor after the host acks it; the tenant's next event is delivered meanwhile. " +
 				"(Held without InProgress it does come back: see AckWaitRedelivers.)",
 			flags:     []string{"AckWaitRedelivers"},
@@ -44,7 +45,7 @@ func redeliveryCases() []testCase {
 		},
 		{
 			name: "SettlingAStaleDeliveryLateNeitherLosesNorRevivesItsEvent",
-			proves: "With AckWaitRedelivers, an event whose first two deliveries the handler " +
+			proves: "Only with AckWaitRedelivers: an event whose first two deliveries the handler " +
 				"keeps unsettled comes back a third time; a Nak of the first (stale) " +
 				"delivery meanwhile does not lose it. Once the third delivery is acked, " +
 				"settling the stale ones (Ack, DoubleAck, Nak) returns nil or an error, " +
@@ -74,7 +75,9 @@ func needAckWaitRedelivers(h Harness) string {
 
 func inProgressHoldsTheAckWait(t *testing.T, h Harness) {
 	e := setup(t, h)
-	const ackWait = 200 * time.Millisecond
+	// The quiet window scales with the harness's wait scale: a slow machine gets a
+	// longer ack wait between two InProgress calls rather than a false redelivery.
+	ackWait := max(200*time.Millisecond, quiet)
 	tp := topic(Acme, "held", "")
 	held := make(chan *mq.Message, 1)
 	c := e.consume(mq.ConsumerConfig{AckWait: ackWait}, func(m *mq.Message) error {
@@ -94,8 +97,9 @@ func inProgressHoldsTheAckWait(t *testing.T, h Harness) {
 	case <-time.After(wait):
 		t.Fatalf("the event was not delivered within %s", wait)
 	}
+	require.NoError(t, m.InProgress(), "InProgress on the held event")
 	e.publish(tp, "next")
-	for range 16 { // 16 x 50 ms: four times the ack wait
+	for range 16 { // four times the ack wait
 		require.NoError(t, m.InProgress(), "InProgress on the held event")
 		time.Sleep(ackWait / 4)
 	}

@@ -1,7 +1,9 @@
 package mqtest
 
 import (
+	"math"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -48,10 +50,11 @@ func TestHarness_WaitScaleMultipliesTheFieldByTheEnvironment(t *testing.T) {
 	t.Setenv(waitScaleEnv, "")
 	_, err := Harness{WaitScale: -1}.waitScale()
 	assert.ErrorContains(t, err, "Harness.WaitScale")
-	for _, bad := range []string{"fast", "0", "-2", "Inf"} {
+	for _, bad := range []string{"fast", "0", "-2", "Inf", "NaN"} {
 		t.Setenv(waitScaleEnv, bad)
 		_, err := Harness{}.waitScale()
 		assert.ErrorContains(t, err, waitScaleEnv, "%s=%q", waitScaleEnv, bad)
 	}
 	assert.Equal(t, baseWait/5, scaled(baseWait, 0.2))
+	assert.Equal(t, time.Duration(math.MaxInt64), scaled(baseWait, 1e12), "a huge scale is the longest wait, not a wrapped one")
 }

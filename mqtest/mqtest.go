@@ -195,13 +195,16 @@ type Case struct {
 	Name string
 	// Proves is the behaviour the case checks, as the contract in package mq states it.
 	Proves string
-	// Hooks are the Harness fields besides New the case uses (EndDelivery, Fill,
-	// DeadLetters, Restart, TooLarge). A case whose hook the harness leaves nil is
-	// skipped, or (DeadLetters, TooLarge) checks less or takes the default.
+	// Hooks are the Harness fields besides New, Caps and WaitScale the case uses
+	// (EndDelivery, Fill, DeadLetters, Restart, TooLarge, ReservedHeaderPrefix). A
+	// case whose hook the harness leaves nil is skipped; with DeadLetters nil it
+	// checks less, with TooLarge 0 it takes the default, with ReservedHeaderPrefix
+	// empty it checks that no name is reserved.
 	Hooks []string
 	// Flags are the Caps flags that change what the case expects, each value
-	// checked by behaviour, so a wrong flag fails the case; a few cases only run
-	// under a flag (their Proves starts "With <flag>") and are skipped without it.
+	// checked by behaviour, so a wrong flag fails the case. A few cases run only
+	// under a flag (their Proves starts "Only with <flag>") and are skipped without
+	// it, with a reason naming the flag.
 	Flags []string
 	// Publishes is what the case stores: tenants, topics (tenant/table[/scope]) and
 	// roughly how many events. Tenants besides Acme and Globex are budgeted by the
@@ -320,7 +323,7 @@ func (h Harness) waitScale() (float64, error) {
 	}
 	if v, ok := os.LookupEnv(waitScaleEnv); ok && v != "" {
 		env, err := strconv.ParseFloat(v, 64)
-		if err != nil || env <= 0 || math.IsInf(env, 0) {
+		if err != nil || !(env > 0) || math.IsInf(env, 0) { // !(> 0) refuses NaN too
 			return 0, fmt.Errorf("mqtest: %s is %q; want a positive factor such as 2 or 0.5", waitScaleEnv, v)
 		}
 		scale *= env
@@ -328,9 +331,14 @@ func (h Harness) waitScale() (float64, error) {
 	return scale, nil
 }
 
-// scaled is d times scale, at least a millisecond.
+// scaled is d times scale, at least a millisecond and at most the longest Duration (a
+// product past it would wrap to a negative one).
 func scaled(d time.Duration, scale float64) time.Duration {
-	return max(time.Duration(float64(d)*scale), time.Millisecond)
+	f := float64(d) * scale
+	if f >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return max(time.Duration(f), time.Millisecond)
 }
 
 // tooLarge returns the payload size the harness says the broker refuses.
