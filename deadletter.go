@@ -33,7 +33,9 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	// The key's first token is the tenant, also for a key this package did not write:
 	// DeadLetterCounts counts that park under the same tenant.
 	tenant, _, _ := strings.Cut(msg.key, ".")
-	ctx, span := c.startSend(ctx, opDeadLetter, c.subs.dlqTemplate(), -1, TenantID(tenant), 1)
+	// The metrics get the topic's own tenant, "" for a foreign key, whose first token
+	// a foreign producer chose: it must not add values to mq.tenant.
+	ctx, span := c.startSend(ctx, opDeadLetter, c.subs.dlqTemplate(), -1, msg.Topic().Tenant, 1)
 	defer func() { span.end(err) }()
 	ev, err := c.prepare(ctx, tenant, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
 	if err != nil {

@@ -29,9 +29,9 @@ type natsCore struct {
 	// metrics records the operations they cover (see metrics.go).
 	tracer  trace.Tracer
 	metrics *instruments
-	// consumersDenied is the server's refusal of the consumer list to this user,
-	// once seen (see listConsumers).
-	consumersDenied atomic.Pointer[error]
+	// consumersDenied is the server's latest refusal of the consumer list to this
+	// user (see listConsumers).
+	consumersDenied atomic.Pointer[refusal]
 
 	// partitions[p] and deadLetters name the streams found for partition p and for
 	// dead letters: the topology's names in EmbeddedNATS, the operator's in ExternalNATS.

@@ -23,10 +23,11 @@ import (
 // JetStream's fast-ingest batch (allow_batched, 2.14 and later) was measured against
 // the pipelined form and not chosen: see the README's Throughput.
 
-// maxAtomicBatch is nats-server's default limit on the events of one atomic batch
-// (streamDefaultMaxAtomicBatchSize). A server configured lower refuses a batch
-// above its limit with JSAtomicPublishTooLargeBatchErrF, mapped the same way.
-const maxAtomicBatch = 1000
+// MaxAtomicBatch is the most events an atomic batch holds on the NATS brokers:
+// nats-server's default limit (streamDefaultMaxAtomicBatchSize). A larger one wraps
+// ErrPayloadTooLarge before anything is sent; a server configured lower refuses a
+// batch above its own limit, mapped the same way.
+const MaxAtomicBatch = 1000
 
 // The server's error codes for an atomic batch.
 const (
@@ -67,19 +68,27 @@ func (c *natsCore) prepareBatch(ctx context.Context, b Batch) (outBatch, error) 
 	if err := b.Tenant.Validate(); err != nil {
 		return outBatch{}, fmt.Errorf("publish batch: %w: tenant: %w", ErrInvalidTopic, err)
 	}
-	if b.Atomic && len(b.Events) > maxAtomicBatch {
+	if b.Atomic && len(b.Events) > MaxAtomicBatch {
 		return outBatch{}, fmt.Errorf("%w: publish batch: %d events, an atomic batch holds at most %d",
-			ErrPayloadTooLarge, len(b.Events), maxAtomicBatch)
+			ErrPayloadTooLarge, len(b.Events), MaxAtomicBatch)
+	}
+	// Topics first: an invalid one is refused before a send begins, with no span, as
+	// Publish refuses it.
+	subjects := make([]string, len(b.Events))
+	for i, e := range b.Events {
+		subject, _, err := c.subs.ingestTopic(Topic{Tenant: b.Tenant, Table: e.Table, Scope: e.Scope})
+		if err != nil {
+			return outBatch{}, fmt.Errorf("publish batch: event %d: %w", i, err)
+		}
+		subjects[i] = subject
 	}
 	part := Partition(b.Tenant, c.topo.Partitions)
 	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), part, b.Tenant, len(b.Events))
 	span.SetAttributes(semconv.MessagingBatchMessageCount(len(b.Events)))
 	out := outBatch{part: part, atomic: b.Atomic, events: make([]outgoing, len(b.Events)), span: span}
 	for i, e := range b.Events {
-		subject, _, err := c.subs.ingestTopic(Topic{Tenant: b.Tenant, Table: e.Table, Scope: e.Scope})
-		if err == nil {
-			out.events[i], err = c.prepare(ctx, string(b.Tenant), subject, c.partitions[part], nil, e.Data, e.Options)
-		}
+		var err error
+		out.events[i], err = c.prepare(ctx, string(b.Tenant), subjects[i], c.partitions[part], nil, e.Data, e.Options)
 		if err != nil {
 			err = fmt.Errorf("publish batch: event %d: %w", i, err)
 			span.end(err)

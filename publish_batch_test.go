@@ -117,7 +117,7 @@ func TestPublishBatch_AnInvalidEventRefusesTheBatchWithNothingSent(t *testing.T)
 		{"invalid tenant", func(b *Batch) { b.Tenant = "Acme!" }, ErrInvalidTenant},
 		{"reserved header", func(b *Batch) { b.Events[5].Options = []PublishOpt{WithHeader("Nats-Rollup", "value-7f3a")} }, ErrInvalidHeader},
 		{"event too large", func(b *Batch) { b.Events[9].Data = huge }, ErrPayloadTooLarge},
-		{"atomic beyond the server's batch size", func(b *Batch) { *b = batchOf("acme", true, false, "x", maxAtomicBatch+1) }, ErrPayloadTooLarge},
+		{"atomic beyond the server's batch size", func(b *Batch) { *b = batchOf("acme", true, false, "x", MaxAtomicBatch+1) }, ErrPayloadTooLarge},
 	} {
 		for _, atomic := range []bool{false, true} {
 			b := batchOf("acme", atomic, false, "row", 10)

@@ -178,10 +178,11 @@ func (c *natsCore) readStatus(ctx context.Context, s *TopologyStatus) error {
 // (CONSUMER.LIST is not in PermissionsFor), which is the error. The server answers a
 // refused request with nothing (measured: the list waited out the caller's whole
 // minute), so each stream's list is bounded by PublishTimeout, and a refusal is
-// remembered: a live status view asks once, not at every refresh.
+// remembered for refusalKept: a live status view waits for it once a minute, not at
+// every refresh, and sees a permission granted since within a minute.
 func (c *natsCore) listConsumers(ctx context.Context, streams []string) ([]ConsumerStatus, error) {
-	if err := c.consumersDenied.Load(); err != nil {
-		return nil, *err
+	if r := c.consumersDenied.Load(); r != nil && time.Since(r.at) < refusalKept {
+		return nil, r.err
 	}
 	var out []ConsumerStatus
 	for _, name := range streams {
@@ -203,7 +204,7 @@ func (c *natsCore) listConsumers(ctx context.Context, streams []string) ([]Consu
 		if err != nil {
 			if last := c.nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), ".CONSUMER.LIST.") {
 				err = fmt.Errorf("status: list the consumers of %s: %w", name, last)
-				c.consumersDenied.Store(&err)
+				c.consumersDenied.Store(&refusal{err: err, at: time.Now()})
 				return nil, err
 			}
 			return nil, c.mapRequestError("status: list the consumers of "+name, err)
@@ -211,6 +212,15 @@ func (c *natsCore) listConsumers(ctx context.Context, streams []string) ([]Consu
 	}
 	return out, nil
 }
+
+// refusal is a request the server refused, and when.
+type refusal struct {
+	err error
+	at  time.Time
+}
+
+// refusalKept is how long Status trusts a refusal of the consumer list.
+const refusalKept = time.Minute
 
 // listenWorkers hears the workers' heartbeats until stop, which returns the last
 // beat of each, by id. It only listens: a beat sent here would make the workers count

@@ -208,3 +208,20 @@ func TestErrorType_NamesTheSentinel(t *testing.T) {
 	assert.Equal(t, "context.Canceled", errorType(context.Canceled))
 	assert.Equal(t, "_OTHER", errorType(errors.New("handler")))
 }
+
+// TestSpan_AnInputRefusalMakesNoSpanForPublishOrABatch: an invalid topic is refused
+// before a send begins, by Publish and by PublishBatch alike, and leaves no span; a
+// batch that fails after it began has one.
+func TestSpan_AnInputRefusalMakesNoSpanForPublishOrABatch(t *testing.T) {
+	e, rec, _ := openTraced(t)
+	ctx := testCtx(t)
+	require.ErrorIs(t, e.Publish(ctx, Topic{Tenant: "acme"}, []byte("x")), ErrInvalidTopic)
+	bad := Batch{Tenant: "acme", Events: []BatchEvent{{Table: "t", Data: []byte("ok")}, {Data: []byte("no table")}}}
+	require.ErrorIs(t, e.PublishBatch(ctx, bad), ErrInvalidTopic)
+	assert.Empty(t, rec.Ended(), "a refused topic made a span")
+
+	full := Batch{Tenant: "nobudget", Events: []BatchEvent{{Table: "t", Data: []byte("x")}}}
+	require.ErrorIs(t, e.PublishBatch(ctx, full), ErrQueueFull)
+	sends := ended(t, rec, "send wh.ingest.{partition}.{tenant}.{table}", 1)
+	assert.Equal(t, "mq.ErrQueueFull", attrs(sends[0])[semconv.ErrorTypeKey].AsString())
+}

@@ -236,7 +236,7 @@ func (d *dispatcher) handBack(ctx context.Context, held []*entry, barrier string
 		return 0, nil
 	}
 	nc := d.core.nc
-	inbox := nc.NewRespInbox()
+	inbox := nc.NewInbox() // a private one: the request mux's wildcard would also get the answers
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		return 0, err

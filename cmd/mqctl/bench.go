@@ -42,9 +42,6 @@ through the run weighs on both alike.
 // benchTable is the table every bench event is published to.
 const benchTable = "bench"
 
-// maxAtomicBatch is the most events an atomic PublishBatch takes.
-const maxAtomicBatch = 1000
-
 // benchPhase is one row of the table: calls numbered 0..calls-1, call i sending
 // size(i) events, done by raw nats.go and by the library.
 type benchPhase struct {
@@ -98,7 +95,7 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	nf := addNATSFlags(fs)
 	events := fs.Int("events", 10000, "events per phase and impl")
 	callers := fs.Int("callers", 32, "concurrent callers in every phase")
-	batch := fs.Int("batch", 100, fmt.Sprintf("events per batch, 1 to %d (an atomic batch's limit)", maxAtomicBatch))
+	batch := fs.Int("batch", 100, fmt.Sprintf("events per batch, 1 to %d (an atomic batch's limit)", mq.MaxAtomicBatch))
 	payload := fs.Int("payload", 256, "bytes per event")
 	tenant := fs.String("tenant", "mqctl-bench", "the tenant the events are published under")
 	if code := parse(fs, args); code >= 0 {
@@ -113,8 +110,8 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	switch {
 	case *events <= 0 || *callers <= 0 || *payload < 0:
 		bad = errors.New("-events and -callers must be positive, -payload not negative")
-	case *batch <= 0 || *batch > maxAtomicBatch:
-		bad = fmt.Errorf("-batch must be 1 to %d", maxAtomicBatch)
+	case *batch <= 0 || *batch > mq.MaxAtomicBatch:
+		bad = fmt.Errorf("-batch must be 1 to %d", mq.MaxAtomicBatch)
 	default:
 		bad = topic.Validate()
 	}
