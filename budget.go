@@ -96,9 +96,19 @@ func newBudgets(partitions int, surelyDropped time.Duration) *budgets {
 }
 
 // eventSize is what an event counts against its tenant's budget: subject, user
-// headers and data. It is computed alike at publish and when the backlog is rebuilt.
+// headers (h's without the broker's own "Nats-" ones) and data. It is computed alike
+// at publish and when the backlog is rebuilt, without copying h.
 func eventSize(subject string, h Headers, dataLen int) int64 {
-	return int64(len(subject) + headerSize(h) + dataLen)
+	n := len(subject) + dataLen
+	for k, vs := range h {
+		if reserved(k) {
+			continue
+		}
+		for _, v := range vs {
+			n += len(k) + len(v) + 4 // ": " and CRLF
+		}
+	}
+	return int64(n)
 }
 
 // reserve holds size bytes of tenant's budget for an event about to be sent to

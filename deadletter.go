@@ -26,7 +26,7 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	}
 	base := make(Headers, len(msg.Headers))
 	for k, v := range msg.Headers {
-		if !strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) {
+		if !reserved(k) {
 			base[k] = v
 		}
 	}
@@ -35,7 +35,7 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	tenant, _, _ := strings.Cut(msg.key, ".")
 	// The metrics get the topic's own tenant, "" for a foreign key, whose first token
 	// a foreign producer chose: it must not add values to mq.tenant.
-	ctx, span := c.startSend(ctx, opDeadLetter, c.subs.dlqTemplate(), -1, msg.Topic().Tenant, 1)
+	ctx, span := c.startSend(ctx, opDeadLetter, toDeadLetters, -1, msg.Topic().Tenant, 1)
 	defer func() { span.end(err) }()
 	ev, err := c.prepare(ctx, tenant, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
 	if err != nil {

@@ -314,7 +314,7 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
 		keyedID = id
 	}
-	size := eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(data))
+	size := eventSize(ev.subject, ev.header, len(data))
 	r, err := e.budgets.reserve(topic.Tenant, p, keyedID, size, time.Now())
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", ev.subject, err)
@@ -550,7 +550,7 @@ func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
 		if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
 			keyedIDs[i] = id
 		}
-		sizes[i] = eventSize(ev.subject, userHeaders(nats.Header(ev.header)), len(ev.data))
+		sizes[i] = eventSize(ev.subject, ev.header, len(ev.data))
 	}
 	rs, err := e.budgets.reserveBatch(b.Tenant, out.part, keyedIDs, sizes, time.Now())
 	if err != nil {

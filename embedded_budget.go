@@ -249,7 +249,7 @@ func (e *EmbeddedNATS) storedEvent(subject string, h nats.Header, dataLen int) (
 	if err != nil {
 		return heldEvent{}, false
 	}
-	ev := heldEvent{tenant: t.Tenant, size: eventSize(subject, userHeaders(h), dataLen)}
+	ev := heldEvent{tenant: t.Tenant, size: eventSize(subject, Headers(h), dataLen)}
 	if id := h.Get(HeaderIdempotencyKey); callerKeyed(id) {
 		ev.keyedID = id
 	}

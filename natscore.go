@@ -29,6 +29,7 @@ type natsCore struct {
 	// metrics records the operations they cover (see metrics.go).
 	tracer  trace.Tracer
 	metrics *instruments
+	starts  sendStarts
 	// consumersDenied is the server's latest refusal of the consumer list to this
 	// user (see listConsumers).
 	consumersDenied atomic.Pointer[refusal]

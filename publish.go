@@ -66,6 +66,10 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	return outgoing{subject: subject, stream: stream, header: h, data: data}, nil
 }
 
+// noRetries turns off jetstream's own retries: send retries with its own bound. One
+// option value for every publish, so none is built per call.
+var noRetries = jetstream.WithRetryAttempts(0)
+
 // scopedID is the message id of the caller's idempotency key key for tenant.
 func scopedID(tenant, key string) string { return tenant + "." + key }
 
@@ -91,7 +95,7 @@ func validateHeaders(h Headers) error {
 		if !isToken(k) {
 			return fmt.Errorf("%w: name %q is not an HTTP token: use letters, digits and %s only", ErrInvalidHeader, k, tokenPunct)
 		}
-		if strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) && k != HeaderIdempotencyKey {
+		if reserved(k) && k != HeaderIdempotencyKey {
 			return fmt.Errorf("%w: %q: names starting with \"Nats-\" are reserved for the broker", ErrInvalidHeader, k)
 		}
 		for i, v := range vs {
@@ -149,21 +153,17 @@ func wireSize(h Headers, stream string, data []byte) int {
 	return n
 }
 
-func headerSize(h Headers) int {
-	n := 0
-	for k, vs := range h {
-		for _, v := range vs {
-			n += len(k) + len(v) + 4 // ": " and CRLF
-		}
-	}
-	return n
+// reserved reports whether header name k is the broker's own (reservedHeaderPrefix,
+// in any case), without building a lower-case copy of k.
+func reserved(k string) bool {
+	return len(k) >= len(reservedHeaderPrefix) && strings.EqualFold(k[:len(reservedHeaderPrefix)], reservedHeaderPrefix)
 }
 
 // userHeaders copies h without the broker's own "Nats-" bookkeeping headers.
 func userHeaders(h nats.Header) Headers {
 	out := make(Headers, len(h))
 	for k, v := range h {
-		if strings.HasPrefix(strings.ToLower(k), reservedHeaderPrefix) {
+		if reserved(k) {
 			continue
 		}
 		out[k] = v
@@ -178,7 +178,9 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	id := ev.header.Get(HeaderIdempotencyKey) // prepare set it
+	// The message id is prepare's; the expected stream goes in the same headers once,
+	// rather than through jetstream's options on every attempt, which would copy them.
+	ev.header.Set(jetstream.ExpectedStreamHeader, ev.stream)
 	var lastErr error
 	for attempt := 0; attempt <= publishRetries; attempt++ {
 		if attempt > 0 {
@@ -186,10 +188,9 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 				return nil, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
 			}
 		}
-		msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
+		msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(ev.header)}
 		actx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
-		ack, err := c.js.PublishMsg(actx, msg,
-			jetstream.WithMsgID(id), jetstream.WithExpectStream(ev.stream), jetstream.WithRetryAttempts(0))
+		ack, err := c.js.PublishMsg(actx, msg, noRetries)
 		cancel()
 		if err == nil {
 			return ack, nil
@@ -218,7 +219,7 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return outgoing{}, fmt.Errorf("publish: %w", err)
 	}
-	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), p, topic.Tenant, 1)
+	ctx, span := c.startSend(ctx, opPublish, toIngest, p, topic.Tenant, 1)
 	ev, err := c.prepare(ctx, string(topic.Tenant), subject, c.partitions[p], nil, data, opts)
 	if err != nil {
 		err = fmt.Errorf("publish: %w", err)

@@ -83,7 +83,7 @@ func (c *natsCore) prepareBatch(ctx context.Context, b Batch) (outBatch, error) 
 		subjects[i] = subject
 	}
 	part := Partition(b.Tenant, c.topo.Partitions)
-	ctx, span := c.startSend(ctx, opPublish, c.subs.ingestTemplate(), part, b.Tenant, len(b.Events))
+	ctx, span := c.startSend(ctx, opPublish, toIngest, part, b.Tenant, len(b.Events))
 	span.SetAttributes(semconv.MessagingBatchMessageCount(len(b.Events)))
 	out := outBatch{part: part, atomic: b.Atomic, events: make([]outgoing, len(b.Events)), span: span}
 	for i, e := range b.Events {
