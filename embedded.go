@@ -209,6 +209,7 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	}
 	e.core = newNATSCore(e.topo, nc, e.js, e.log, newTracer(opts.TracerProvider), inst)
 	e.core.settler = e.settler
+	e.core.chunkBatches = !opts.NoSync
 	return nil
 }
 

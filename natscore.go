@@ -30,6 +30,9 @@ type natsCore struct {
 	tracer  trace.Tracer
 	metrics *instruments
 	starts  sendStarts
+	// chunkBatches sends the batches that need not be atomic as atomic chunks
+	// (sendChunked): EmbeddedNATS sets it when it fsyncs every write.
+	chunkBatches bool
 	// consumersDenied is the server's latest refusal of the consumer list to this
 	// user (see listConsumers).
 	consumersDenied atomic.Pointer[refusal]

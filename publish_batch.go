@@ -109,7 +109,30 @@ func (c *natsCore) sendBatch(ctx context.Context, b outBatch) []stored {
 		// the caller's retry) stored the batch, or a key was reused. Event by event,
 		// each stored one is found a duplicate and the rest is stored.
 	}
+	if c.chunkBatches {
+		return c.sendChunked(ctx, b)
+	}
 	return c.sendPipelined(ctx, b.events)
+}
+
+// sendChunked sends a batch that need not be atomic as atomic chunks of at most
+// MaxAtomicBatch events: with an fsync per write the server syncs once per atomic
+// batch rather than once per event (measured at 100 events: 14.7k events/s atomic
+// against 4.0k pipelined). A chunk that fails for any reason goes again pipelined,
+// event by event, so each event gets its own outcome as the contract promises; the
+// message ids keep every event stored once.
+func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
+	results := make([]stored, len(b.events))
+	for lo := 0; lo < len(b.events); lo += MaxAtomicBatch {
+		chunk := b
+		chunk.atomic, chunk.events = true, b.events[lo:min(lo+MaxAtomicBatch, len(b.events))]
+		res, fallBack := c.sendAtomic(ctx, chunk)
+		if fallBack || batchError(res) != nil {
+			res = c.sendPipelined(ctx, chunk.events)
+		}
+		copy(results[lo:], res)
+	}
+	return results
 }
 
 // sendAtomic sends b as one atomic batch. Its events are stored one after another,
