@@ -217,6 +217,7 @@ func (c *natsCore) sendPipelined(ctx context.Context, events []outgoing) []store
 	for i := range todo {
 		todo[i] = i
 	}
+	stall := jetstream.WithStallWait(c.topo.PublishTimeout)
 	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt > 0 {
 			if err := sleepCtx(ctx, publishRetryWait); err != nil {
@@ -229,9 +230,11 @@ func (c *natsCore) sendPipelined(ctx context.Context, events []outgoing) []store
 		futures := make([]jetstream.PubAckFuture, len(todo))
 		for k, i := range todo {
 			ev := events[i]
-			msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(cloneHeaders(ev.header))}
-			futures[k], results[i].err = c.asyncJS().PublishMsgAsync(msg, jetstream.WithMsgID(ev.header.Get(HeaderIdempotencyKey)),
-				jetstream.WithExpectStream(ev.stream), jetstream.WithStallWait(c.topo.PublishTimeout))
+			// As send does: the message id is prepare's and the expected stream goes
+			// into the event's own headers, so nothing is copied per event or attempt.
+			ev.header.Set(jetstream.ExpectedStreamHeader, ev.stream)
+			msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(ev.header)}
+			futures[k], results[i].err = c.asyncJS().PublishMsgAsync(msg, stall)
 		}
 		timeout := time.NewTimer(c.topo.PublishTimeout)
 		var again []int
