@@ -17,16 +17,26 @@ import (
 	"github.com/wavehouse/mq/mqtest"
 )
 
-// TestEmbeddedNATS_Conformance runs the conformance suite against EmbeddedNATS, one
-// broker per case over its own store. It is not parallel: mqtest.Run sets the global
-// OpenTelemetry propagator.
-func TestEmbeddedNATS_Conformance(t *testing.T) {
+// TestEmbeddedNATS_Conformance runs the conformance suite against EmbeddedNATS with
+// the server's periodic sync (NoSync), one broker per case over its own store. It is
+// not parallel: mqtest.Run sets the global OpenTelemetry propagator.
+func TestEmbeddedNATS_Conformance(t *testing.T) { mqtest.Run(t, embeddedHarness(true)) }
+
+// TestEmbeddedNATS_ConformanceUnderFsync runs the suite on the default sync setting,
+// an fsync per write, where concurrent publishes are committed together
+// (publish_coalesce.go) and batches go as atomic chunks: other paths than NoSync's.
+func TestEmbeddedNATS_ConformanceUnderFsync(t *testing.T) { mqtest.Run(t, embeddedHarness(false)) }
+
+// embeddedHarness is the conformance harness of EmbeddedNATS with the sync setting
+// noSync.
+func embeddedHarness(noSync bool) mqtest.Harness {
 	var mu sync.Mutex
 	dirs := map[mq.Broker]string{}
-	mqtest.Run(t, mqtest.Harness{
+	open := func(t *testing.T, dir string) *mq.EmbeddedNATS { return openEmbeddedForConformance(t, dir, noSync) }
+	return mqtest.Harness{
 		New: func(t *testing.T) mq.Broker {
 			dir := storeDir(t)
-			e := openEmbeddedForConformance(t, dir)
+			e := open(t, dir)
 			for _, tenant := range []mq.TenantID{mqtest.Acme, mqtest.Globex} {
 				require.NoError(t, e.SetMaxBytes(t.Context(), tenant, conformanceBudget), "budget %s", tenant)
 			}
@@ -45,7 +55,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			mu.Unlock()
 			require.True(t, ok, "broker %p has no store", b)
 			require.NoError(t, b.Close())
-			e := openEmbeddedForConformance(t, dir)
+			e := open(t, dir)
 			mu.Lock()
 			dirs[e] = dir
 			mu.Unlock()
@@ -66,7 +76,7 @@ func TestEmbeddedNATS_Conformance(t *testing.T) {
 			SharedConsumers:    true,
 			AtomicBatch:        true,
 		},
-	})
+	}
 }
 
 // conformanceLogger keeps the servers' start-up banners out of the test output and
@@ -85,11 +95,11 @@ func embeddedOf(t *testing.T, b mq.Broker) *mq.EmbeddedNATS {
 
 // openEmbeddedForConformance opens an embedded broker on dir, closed at cleanup (a case
 // may have closed it already).
-func openEmbeddedForConformance(t *testing.T, dir string) *mq.EmbeddedNATS {
+func openEmbeddedForConformance(t *testing.T, dir string, noSync bool) *mq.EmbeddedNATS {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	e, err := mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, NoSync: true, Logger: conformanceLogger})
+	e, err := mq.NewEmbedded(ctx, mq.EmbeddedOptions{StoreDir: dir, NoSync: noSync, Logger: conformanceLogger})
 	require.NoError(t, err, "open an embedded broker on %s", dir)
 	t.Cleanup(func() { _ = e.Close() })
 	return e

@@ -64,6 +64,9 @@ type EmbeddedNATS struct {
 	srv     *server.Server
 	log     *slog.Logger
 	budgets *budgets
+	// commits coalesces concurrent Publish calls under fsync (publish_coalesce.go);
+	// nil with NoSync, where each call is sent on its own.
+	commits *coalescer
 	// partitionOf maps a partition's stream name to its index.
 	partitionOf map[string]int
 	kv          jetstream.KeyValue
@@ -210,6 +213,9 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	e.core = newNATSCore(e.topo, nc, e.js, e.log, newTracer(opts.TracerProvider), inst)
 	e.core.settler = e.settler
 	e.core.chunkBatches = !opts.NoSync
+	if e.core.chunkBatches {
+		e.commits = newCoalescer(e.core, e.settleReserved)
+	}
 	return nil
 }
 
@@ -320,19 +326,35 @@ func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", ev.subject, err)
 	}
-	defer e.budgets.cancel(r)
-	// An error leaves the outcome unknown: counting stops, and a reopen counts what
-	// was stored.
+	if e.commits != nil {
+		return e.commits.publish(ctx, p, ev, r)
+	}
+	defer e.budgets.cancel(r) // a panic in the send gives r back
 	ack, err := e.core.send(ctx, ev)
-	if err != nil {
-		return err
+	s := stored{err: err}
+	if err == nil {
+		s.seq, s.dup = ack.Sequence, ack.Duplicate
 	}
-	if !ack.Duplicate {
-		e.budgets.commit(r, ack.Sequence)
-		return nil
+	e.settleReserved(p, r, s)
+	return err
+}
+
+// settleReserved ends reservation r with the outcome s of its event on partition p:
+// a stored event holds it, a duplicate gives it back and counts the event it repeats
+// if nothing counts it yet. An error leaves the outcome unknown: the reservation is
+// given back, and a reopen counts what was stored.
+func (e *EmbeddedNATS) settleReserved(p int, r *reservation, s stored) {
+	switch {
+	case s.err != nil:
+		e.budgets.cancel(r)
+	case s.dup:
+		e.budgets.cancel(r)
+		ctx, cancel := context.WithTimeout(context.Background(), e.topo.PublishTimeout)
+		defer cancel()
+		e.adoptUncounted(ctx, eventRef{p, s.seq})
+	default:
+		e.budgets.commit(r, s.seq)
 	}
-	e.adoptUncounted(ctx, eventRef{p, ack.Sequence})
-	return nil
 }
 
 // Subscribe runs the hub: an ordered consumer on the history from now on.
@@ -559,15 +581,7 @@ func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
 	}
 	results := e.core.sendBatch(ctx, out)
 	for i, r := range results {
-		switch {
-		case r.err != nil:
-			e.budgets.cancel(rs[i]) // unknown: a reopen counts what was stored
-		case r.dup:
-			e.budgets.cancel(rs[i])
-			e.adoptUncounted(ctx, eventRef{out.part, r.seq})
-		default:
-			e.budgets.commit(rs[i], r.seq)
-		}
+		e.settleReserved(out.part, rs[i], r)
 	}
 	return batchError(results)
 }

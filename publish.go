@@ -261,6 +261,10 @@ func (c *natsCore) mapPublishError(ev outgoing, err error) error {
 	var apiErr *jetstream.APIError
 	text := err.Error()
 	switch {
+	case c.closed.Load():
+		// Whatever the connection said ("connection closed", or nats.go's own words
+		// for an async reply handler it can no longer make): the broker is closed.
+		return fmt.Errorf("publish %s: %w: %w", ev.subject, ErrClosed, err)
 	case strings.Contains(text, errTextMaxBytes), strings.Contains(text, errTextMaxMsgsPerSubj),
 		strings.Contains(text, errTextMaxMsgs), strings.Contains(text, errTextAccountLimits),
 		strings.Contains(text, errTextInsufficient):
@@ -276,9 +280,6 @@ func (c *natsCore) mapPublishError(ev outgoing, err error) error {
 	case noAnswer(err), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining),
 		errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrDisconnected),
 		errors.Is(err, jetstream.ErrStreamNotFound):
-		if c.closed.Load() {
-			return fmt.Errorf("publish %s: %w: %w", ev.subject, ErrClosed, err)
-		}
 		return fmt.Errorf("%w: publish %s to stream %s: %w", ErrUnavailable, ev.subject, ev.stream, err)
 	}
 	return fmt.Errorf("publish %s to stream %s: %w", ev.subject, ev.stream, err)

@@ -120,12 +120,17 @@ func (c *natsCore) sendBatch(ctx context.Context, b outBatch) []stored {
 // batch rather than once per event (measured at 100 events: 14.7k events/s atomic
 // against 4.0k pipelined). A chunk that fails for any reason goes again pipelined,
 // event by event, so each event gets its own outcome as the contract promises; the
-// message ids keep every event stored once.
+// message ids keep every event stored once. A chunk smaller than minAtomicChunk is
+// pipelined from the start.
 func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 	results := make([]stored, len(b.events))
 	for lo := 0; lo < len(b.events); lo += MaxAtomicBatch {
 		chunk := b
 		chunk.atomic, chunk.events = true, b.events[lo:min(lo+MaxAtomicBatch, len(b.events))]
+		if len(chunk.events) < minAtomicChunk {
+			copy(results[lo:], c.sendPipelined(ctx, chunk.events))
+			continue
+		}
 		res, fallBack := c.sendAtomic(ctx, chunk)
 		if fallBack || batchError(res) != nil {
 			res = c.sendPipelined(ctx, chunk.events)
@@ -134,6 +139,12 @@ func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 	}
 	return results
 }
+
+// minAtomicChunk is the smallest chunk sendChunked sends atomic. A single-server
+// stream stages each atomic batch in a file store of its own, created and removed per
+// batch: measured under fsync, an atomic batch costs about 2.2 ms plus 45 µs an event,
+// and a pipelined event about 280 µs, so below about 10 events pipelining is faster.
+const minAtomicChunk = 12
 
 // sendAtomic sends b as one atomic batch. Its events are stored one after another,
 // so the last one's sequence gives every sequence. A lost answer sends the batch
