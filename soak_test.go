@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -127,7 +128,14 @@ func TestSoak_KilledAndReopenedUnderLoadLosesNoConfirmedEvent(t *testing.T) {
 	lost := missing()
 	t.Logf("soak seed %d, %d rounds: confirmed %d, acknowledged %d (%d distinct), lost %d, duplicates %d, hub deliveries %d",
 		seed, rounds, len(confirmed), total, len(acked), lost, dups, hub)
-	require.Zero(t, lost, "confirmed events never acknowledged by the worker (seed %d)", seed)
+	var missed []string
+	for id := range confirmed {
+		if acked[id] == 0 {
+			missed = append(missed, id)
+		}
+	}
+	slices.Sort(missed)
+	require.Zero(t, lost, "confirmed events never acknowledged by the worker (seed %d): %q", seed, missed)
 	require.NotZero(t, len(confirmed), "the soak confirmed nothing")
 }
 
