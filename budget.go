@@ -116,11 +116,13 @@ func eventSize(subject string, h Headers, dataLen int) int64 {
 // held keyed event, sent while the stream surely drops it, holds nothing: it cannot
 // be stored, so it succeeds even at a full budget.
 func (b *budgets) reserve(tenant TenantID, partition int, keyedID string, size int64, now time.Time) (*reservation, error) {
-	rs, err := b.reserveBatch(tenant, partition, []string{keyedID}, []int64{size}, now)
-	if err != nil {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := &reservation{tenant: tenant, partition: partition, keyedID: keyedID, size: size, charged: size, at: now}
+	if err := b.chargeLocked(tenant, []*reservation{r}, now); err != nil {
 		return nil, err
 	}
-	return rs[0], nil
+	return r, nil
 }
 
 // reserveBatch reserves every event of one batch of tenant's, or none: sizes[i] and
@@ -128,28 +130,38 @@ func (b *budgets) reserve(tenant TenantID, partition int, keyedID string, size i
 func (b *budgets) reserveBatch(tenant TenantID, partition int, keyedIDs []string, sizes []int64, now time.Time) ([]*reservation, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	rs := make([]*reservation, len(sizes))
+	for i, size := range sizes {
+		rs[i] = &reservation{tenant: tenant, partition: partition, keyedID: keyedIDs[i], size: size, charged: size, at: now}
+	}
+	if err := b.chargeLocked(tenant, rs, now); err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// chargeLocked charges tenant's budget for rs at once, or refuses them all. A
+// reservation whose key the stream surely drops as a repeat is charged nothing.
+func (b *budgets) chargeLocked(tenant TenantID, rs []*reservation, now time.Time) error {
 	limit, ok := b.max[tenant]
 	if !ok {
-		return nil, fmt.Errorf("%w: tenant %s has no byte budget (SetMaxBytes opens it)", ErrQueueFull, tenant)
+		return fmt.Errorf("%w: tenant %s has no byte budget (SetMaxBytes opens it)", ErrQueueFull, tenant)
 	}
-	rs := make([]*reservation, len(sizes))
 	var total int64
 	repeats := 0
-	for i, size := range sizes {
-		r := &reservation{tenant: tenant, partition: partition, keyedID: keyedIDs[i], size: size, charged: size, at: now}
+	for _, r := range rs {
 		if k, ok := b.keyed[r.keyedID]; ok && r.keyedID != "" && now.Before(k.stored.Add(b.surelyDropped)) {
 			r.charged = 0
 			repeats++
 		}
 		total += r.charged
-		rs[i] = r
 	}
 	if used := b.used[tenant]; repeats < len(rs) && used+total > limit.n {
-		return nil, fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
+		return fmt.Errorf("%w: tenant %s: %d bytes queued + %d exceeds its budget of %d",
 			ErrQueueFull, tenant, used, total, limit.n)
 	}
 	b.used[tenant] += total
-	return rs, nil
+	return nil
 }
 
 // commit hands r to the event the stream stored it as, at seq.

@@ -138,11 +138,14 @@ func newInstruments(mp metric.MeterProvider, tenants bool) (*instruments, error)
 // records. The helper that ends the span records the metrics, so both always agree.
 type operation struct {
 	trace.Span
-	m        *instruments
-	start    time.Time
-	name     string // messaging.operation.name
-	typ      messagingconv.OperationTypeAttr
-	attrs    []attribute.KeyValue // destination, partition, consumer group
+	m     *instruments
+	start time.Time
+	name  string // messaging.operation.name
+	typ   messagingconv.OperationTypeAttr
+	attrs []attribute.KeyValue // destination, partition, consumer group
+	// timed, when set, is attrs with the operation type: what the duration of a send
+	// that succeeded is recorded with, built once per kind of send (sendStart).
+	timed    []attribute.KeyValue
 	tenant   TenantID
 	messages int // events sent (send) or handed to the application (process, replay)
 }
@@ -160,7 +163,10 @@ func (o *operation) end(err error) {
 	endSpan(o.Span, err)
 	// Recorded under the span alone, not the caller's ctx: a cancelled request still
 	// counts, and an exemplar points at this operation's span.
-	ctx := trace.ContextWithSpan(context.Background(), o.Span)
+	ctx := context.Background()
+	if o.SpanContext().IsValid() { // else there is no span for an exemplar to name
+		ctx = trace.ContextWithSpan(ctx, o.Span)
+	}
 	elapsed := time.Since(o.start).Seconds()
 	attrs := o.attrs
 	if err != nil {
@@ -173,7 +179,11 @@ func (o *operation) end(err error) {
 	opType := o.m.opDur.AttrOperationType(o.typ)
 	switch o.typ {
 	case messagingconv.OperationTypeSend:
-		o.m.opDur.Record(ctx, elapsed, o.name, system, append(attrs, opType)...)
+		timed := o.timed
+		if err != nil || timed == nil {
+			timed = append(attrs, opType)
+		}
+		o.m.opDur.Record(ctx, elapsed, o.name, system, timed...)
 		o.m.sent.Add(ctx, int64(o.messages), o.name, system, counted...)
 	case messagingconv.OperationTypeProcess:
 		o.m.procDur.Record(ctx, elapsed, o.name, system, attrs...)

@@ -43,7 +43,7 @@ type outgoing struct {
 // second event is dropped while its caller is told it was stored); without a key the
 // event gets a fresh id. Publish and DeadLetter both take their id from here.
 func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, base Headers, data []byte, opts []PublishOpt) (outgoing, error) {
-	h := make(Headers, len(base)+2)
+	h := make(Headers, len(base)+len(opts)+4)
 	for k, v := range base {
 		h[k] = append([]string(nil), v...)
 	}
@@ -54,11 +54,14 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 		return outgoing{}, err
 	}
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier(h))
+	id := nuid.Next()
 	if key := h.Get(HeaderIdempotencyKey); key != "" {
-		h.Set(HeaderIdempotencyKey, scopedID(tenant, key))
-	} else {
-		h.Set(HeaderIdempotencyKey, nuid.Next())
+		id = scopedID(tenant, key)
 	}
+	// The expected stream goes in with the id, so no send sets it again, and both
+	// values share one array (measured: one allocation fewer per Publish).
+	added := []string{id, stream}
+	h[HeaderIdempotencyKey], h[jetstream.ExpectedStreamHeader] = added[0:1:1], added[1:2:2]
 	if size, limit := wireSize(h, stream, data), c.nc.MaxPayload(); int64(size) > limit {
 		return outgoing{}, fmt.Errorf("%w: %s: %d bytes with headers, the server accepts %d",
 			ErrPayloadTooLarge, subject, size, limit)
@@ -178,9 +181,8 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// The message id is prepare's; the expected stream goes in the same headers once,
-	// rather than through jetstream's options on every attempt, which would copy them.
-	ev.header.Set(jetstream.ExpectedStreamHeader, ev.stream)
+	// The message id and the expected stream are in the headers (prepare), rather than
+	// in jetstream's options on every attempt, which would copy them.
 	var lastErr error
 	for attempt := 0; attempt <= publishRetries; attempt++ {
 		if attempt > 0 {
@@ -226,7 +228,9 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 		span.end(err)
 		return outgoing{}, err
 	}
-	span.SetAttributes(semconv.MessagingMessageID(eventID(topic.Tenant, ev.header.Get(HeaderIdempotencyKey))))
+	if span.IsRecording() {
+		span.SetAttributes(semconv.MessagingMessageID(eventID(topic.Tenant, ev.header.Get(HeaderIdempotencyKey))))
+	}
 	ev.span = span
 	return ev, nil
 }

@@ -241,9 +241,8 @@ func (c *natsCore) sendPipelined(ctx context.Context, events []outgoing) []store
 		futures := make([]jetstream.PubAckFuture, len(todo))
 		for k, i := range todo {
 			ev := events[i]
-			// As send does: the message id is prepare's and the expected stream goes
-			// into the event's own headers, so nothing is copied per event or attempt.
-			ev.header.Set(jetstream.ExpectedStreamHeader, ev.stream)
+			// As in send: the headers hold the message id and the expected stream, so
+			// nothing is copied per event or attempt.
 			msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(ev.header)}
 			futures[k], results[i].err = c.asyncJS().PublishMsgAsync(msg, stall)
 		}

@@ -93,6 +93,7 @@ type sendStart struct {
 	name     string
 	opts     []trace.SpanStartOption
 	measured []attribute.KeyValue
+	timed    []attribute.KeyValue // measured and the operation type (operation.timed)
 }
 
 // sendStarts caches the sendStart of each kind of send.
@@ -115,6 +116,7 @@ func (c *natsCore) sendStart(k sendKey) *sendStart {
 		name:     "send " + template,
 		opts:     []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)},
 		measured: m,
+		timed:    slices.Clip(append(slices.Clone(m), c.metrics.opDur.AttrOperationType(messagingconv.OperationTypeSend))),
 	}
 	c.starts.mu.Lock()
 	defer c.starts.mu.Unlock()
@@ -132,7 +134,7 @@ func (c *natsCore) startSend(ctx context.Context, op string, dest destination, p
 	s := c.sendStart(sendKey{op: op, dest: dest, partition: partition})
 	ctx, span := c.tracer.Start(ctx, s.name, s.opts...)
 	o := c.metrics.startOp(span, op, messagingconv.OperationTypeSend, s.measured)
-	o.tenant, o.messages = tenant, messages
+	o.tenant, o.messages, o.timed = tenant, messages, s.timed
 	return ctx, o
 }
 
