@@ -77,8 +77,9 @@ var (
 	// ErrClosed: the broker was closed.
 	ErrClosed = errors.New("mq: broker closed")
 
-	// ErrInvalidConfig: a ConsumerConfig that cannot work, such as a negative duration
-	// or count, or a partition the topology does not have. Nothing was started.
+	// ErrInvalidConfig: a ConsumerConfig or an argument that cannot work, such as a
+	// negative duration, count or budget, a partition the topology does not have, or a
+	// nil context or send function. Nothing was started or changed.
 	ErrInvalidConfig = errors.New("mq: invalid config")
 )
 
@@ -296,16 +297,16 @@ type Replayer interface {
 	// replay the whole history by overflowing: one earlier than any stored time (the
 	// zero Time, or for the NATS brokers anything before 1677-09-21, the start of an
 	// int64 of nanoseconds) replays from the beginning, one later than any (after
-	// 2262-04-11) replays nothing. A nil send is refused with an error before anything
-	// is read.
+	// 2262-04-11) replays nothing. A nil send is refused with ErrInvalidConfig before
+	// anything is read.
 	ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error
 }
 
 // Budgeter holds per-tenant byte budgets.
 type Budgeter interface {
 	// SetMaxBytes sets tenant's byte budget. Where budgets are enforced, a tenant never
-	// given one, or given 0, is refused with ErrQueueFull. A negative budget or an
-	// invalid tenant is an error, and the budget stays as it was.
+	// given one, or given 0, is refused with ErrQueueFull. A negative budget
+	// (ErrInvalidConfig) or an invalid tenant is an error, and the budget stays as it was.
 	SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error
 	// MaxBytes returns the budget last set in full, or 0.
 	MaxBytes(tenant TenantID) int64

@@ -428,7 +428,7 @@ func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxByte
 		return fmt.Errorf("set max bytes: %w", err)
 	}
 	if maxBytes < 0 {
-		return fmt.Errorf("set max bytes: tenant %s: negative budget %d", tenant, maxBytes)
+		return fmt.Errorf("set max bytes: tenant %s: negative budget %d: %w", tenant, maxBytes, ErrInvalidConfig)
 	}
 	if e.budgets.inForce(tenant, maxBytes) {
 		return nil

@@ -726,38 +726,3 @@ func TestEmbeddedNATS_OpeningAStoreWithAnUnpinnedDurablePinsItInPlaceKeepingEver
 	waitHistoryCopied(t, e.js, e.topo.HistoryStream, n)
 	requirePartitionsEmpty(t, e)
 }
-
-func TestEmbeddedNATS_EveryMethodRefusesANilContextWithoutPanicking(t *testing.T) {
-	e := openEmbedded(t, "")
-	ctx := testCtx(t)
-	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
-	topic := Topic{Tenant: "acme", Table: "t"}
-	require.NoError(t, e.Publish(ctx, topic, []byte("kept")))
-	var nilCtx context.Context
-	calls := map[string]func() error{
-		"Publish":     func() error { return e.Publish(nilCtx, topic, []byte("x")) },
-		"Subscribe":   func() error { return e.Subscribe(nilCtx, "hub", func(*Message) error { return nil }) },
-		"ReplaySince": func() error { return e.ReplaySince(nilCtx, topic, time.Time{}, func(*Message) bool { return true }) },
-		"DeadLetter":  func() error { return e.DeadLetter(nilCtx, NewMessage(ctx, topic, []byte("p"))) },
-		"DeadLetterCounts": func() error {
-			_, err := e.DeadLetterCounts(nilCtx, "acme", "")
-			return err
-		},
-		"CreateConsumer": func() error {
-			_, err := e.CreateConsumer(nilCtx, ConsumerConfig{Durable: WorkerDurable})
-			return err
-		},
-		"PurgeAcked": func() error {
-			_, err := e.PurgeAcked(nilCtx, WorkerDurable, map[TenantID]time.Time{"acme": time.Now()})
-			return err
-		},
-		"SetMaxBytes": func() error { return e.SetMaxBytes(nilCtx, "acme", 1) },
-	}
-	for name, call := range calls {
-		var err error
-		require.NotPanics(t, func() { err = call() }, name)
-		require.ErrorContains(t, err, "nil context", name)
-	}
-	assert.Equal(t, int64(1<<20), e.MaxBytes("acme"), "the budget is untouched")
-	assert.Equal(t, []string{"kept"}, drain(t, e, 1), "what was stored is still there")
-}

@@ -251,7 +251,10 @@ func (e *ExternalNATS) ReplaySince(ctx context.Context, topic Topic, since time.
 // history has its own max age. It warns once per tenant whose window (now minus its
 // cutoff) is longer than the history keeps: once in the broker's life, since a fixed
 // cutoff makes the window grow with every call.
-func (e *ExternalNATS) PurgeAcked(_ context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error) {
+func (e *ExternalNATS) PurgeAcked(ctx context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error) {
+	if ctx == nil {
+		return false, errNilContext("purge acked")
+	}
 	if err := e.core.checkOpen(); err != nil {
 		return false, err
 	}
@@ -274,15 +277,18 @@ func (e *ExternalNATS) PurgeAcked(_ context.Context, consumer string, olderThan 
 }
 
 // SetMaxBytes records tenant's budget; it is not enforced per tenant here.
-func (e *ExternalNATS) SetMaxBytes(_ context.Context, tenant TenantID, maxBytes int64) error {
+func (e *ExternalNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error {
 	if err := e.core.checkOpen(); err != nil {
 		return err
+	}
+	if ctx == nil {
+		return errNilContext("set max bytes")
 	}
 	if err := tenant.Validate(); err != nil {
 		return fmt.Errorf("set max bytes: %w", err)
 	}
 	if maxBytes < 0 {
-		return fmt.Errorf("set max bytes: tenant %s: negative budget %d", tenant, maxBytes)
+		return fmt.Errorf("set max bytes: tenant %s: negative budget %d: %w", tenant, maxBytes, ErrInvalidConfig)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

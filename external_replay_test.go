@@ -121,8 +121,3 @@ func TestExternalNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
 	t.Parallel()
 	checkSettlingAfterCloseIsErrClosed(t, newExternalFixture(t).broker(t))
 }
-
-func TestExternalNATS_ANilSendAndTimesOutOfRangeAreRefusedOrClampedAndLoseNothing(t *testing.T) {
-	t.Parallel()
-	checkOutOfRangeInput(t, newExternalFixture(t).broker(t), false)
-}

@@ -3,8 +3,8 @@ package mq
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -184,11 +184,12 @@ func TestHeaders_AcceptedHeadersArriveAsPublishedOnEveryPath(t *testing.T) {
 }
 
 // inputRig is a broker under the bad-input table: parked reads a tenant's parked
-// events back.
+// events back; purges says whether its PurgeAcked removes anything at all.
 type inputRig struct {
 	b      Broker
 	core   *natsCore
 	parked func(ctx context.Context, tenant TenantID) ([]*Message, error)
+	purges bool
 }
 
 // headerBlock is the header block nats.go writes for lines, counted by hand from the
@@ -201,33 +202,59 @@ func headerBlock(lines ...string) int {
 	return n
 }
 
-// noPanic runs call, turning a panic into a test failure and an error.
-func noPanic(t *testing.T, what string, call func() error) (err error) {
-	t.Helper()
-	defer func() {
-		if r := recover(); r != nil {
-			t.Errorf("%s panicked: %v", what, r)
-			err = fmt.Errorf("panic: %v", r)
-		}
-	}()
-	return call()
+// Times at the edges of what an int64 of nanoseconds since 1970 holds, which is what
+// JetStream compares stored times in.
+var (
+	firstNanoTime = time.Unix(0, math.MinInt64).UTC()
+	lastNanoTime  = time.Unix(0, math.MaxInt64).UTC()
+)
+
+// inputRow is one input of the bad-input table.
+type inputRow struct {
+	name string
+	call func() error
+	// want is the sentinel the error wraps; nil: the input is accepted.
+	want error
+	// says is what the error must also name, if anything.
+	says string
+	// check is what an accepted input must have done, if anything.
+	check func(t *testing.T)
 }
 
-// testBadInputIsRefusedAndLosesNothing stores events and parks first, then feeds
-// Publish and DeadLetter every kind of bad header and the payloads at the exact size
-// boundary: each bad input is an error wrapping its sentinel, never a panic; the
-// largest payload the server takes is accepted on both paths; and afterwards
-// everything stored before, and only the accepted events, are all there.
+// testBadInputIsRefusedAndLosesNothing stores events, acknowledges some and parks
+// others first, then feeds every method every kind of bad input a caller can pass:
+// bad headers, payloads at the exact size boundary, invalid topics, nil contexts, a
+// nil send, a negative budget, and times outside the int64-nanosecond range. Each bad
+// input is an error wrapping its sentinel, never a panic; the largest payload the
+// server takes is accepted on both paths; a since or cutoff out of range gives the
+// monotone result (a since before the range replays everything, after it nothing; a
+// cutoff before it purges nothing, after it everything acknowledged); and afterwards
+// everything stored before, and only the accepted events, are all there, and the
+// budget is as it was set.
 func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 	ctx := testCtx(t)
 	const tenant TenantID = "acme"
+	const budget = 64 << 20
+	require.NoError(t, r.b.SetMaxBytes(ctx, tenant, budget))
 	topic := Topic{Tenant: tenant, Table: "t"}
-	_, p, err := r.core.subs.ingestTopic(topic)
-	require.NoError(t, err)
+	ranged := Topic{Tenant: tenant, Table: "range"}
+	// Acknowledged first, so the first unacknowledged event ("left") comes after
+	// them and a purge may remove exactly these.
+	acked := []string{"a", "b", "c"}
+	for _, d := range acked {
+		require.NoError(t, r.b.Publish(ctx, ranged, []byte(d)))
+	}
+	require.Equal(t, acked, drainBroker(t, r.b, len(acked)))
+	require.NoError(t, r.b.Publish(ctx, ranged, []byte("left")))
+	inRange := append(slices.Clone(acked), "left")
 	for i := range 3 {
 		require.NoError(t, r.b.Publish(ctx, topic, fmt.Appendf(nil, "before-%d", i)))
 		require.NoError(t, r.b.DeadLetter(ctx, NewMessage(ctx, topic, fmt.Appendf(nil, "parked-%d", i))))
 	}
+	require.Eventually(t, func() bool { return len(replayAll(t, r.b, ranged, time.Time{})) == len(inRange) },
+		10*time.Second, 20*time.Millisecond, "the history never got every event")
+	_, p, err := r.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
 
 	limit := int(r.core.nc.MaxPayload())
 	// An idempotency key fixes the message id's length; the client adds the expected
@@ -237,64 +264,178 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 	largestPublish := bytes.Repeat([]byte("P"), publishRoom)
 	largestPark := bytes.Repeat([]byte("D"), parkRoom)
 
-	type op struct {
+	var rows []inputRow
+	ops := []struct {
 		name string
+		room int
 		call func(data []byte, opts ...PublishOpt) error
-	}
-	ops := []op{
-		{"publish", func(data []byte, opts ...PublishOpt) error { return r.b.Publish(ctx, topic, data, opts...) }},
-		{"dead letter", func(data []byte, opts ...PublishOpt) error {
+	}{
+		{"Publish", publishRoom, func(data []byte, opts ...PublishOpt) error { return r.b.Publish(ctx, topic, data, opts...) }},
+		{"DeadLetter", parkRoom, func(data []byte, opts ...PublishOpt) error {
 			return r.b.DeadLetter(ctx, NewMessage(ctx, topic, data), opts...)
 		}},
 	}
-	room := map[string]int{"publish": publishRoom, "dead letter": parkRoom}
-	type badCase struct {
-		name string
-		data func(op string) []byte
-		opts []PublishOpt
-		want error
-	}
-	small := func(string) []byte { return []byte("x") }
-	var cases []badCase
-	for _, name := range []string{"X/Y", "x(y)", "x@y", "x=y", "x,y", "x:y", "x y", "x\ty", "x;y", `x"y`, "x?y", "x[y]", "x{y}", `x\y`,
-		"é", "x\x00y", "x\x7fy", "x\ry", "x\ny", "", "Nats-Rollup", "nats-ttl", "NATS-Expected-Stream"} {
-		cases = append(cases, badCase{fmt.Sprintf("header name %q", name), small, []PublishOpt{WithHeader(name, "v")}, ErrInvalidHeader})
-	}
-	for _, value := range []string{" lead", "trail ", "\tlead", "trail\t", " ", "a\rb", "a\nb", "a\r\n"} {
-		cases = append(cases, badCase{fmt.Sprintf("header value %q", value), small, []PublishOpt{WithHeader("X-V", value)}, ErrInvalidHeader})
-	}
-	cases = append(cases,
-		badCase{"a message built with a bad header name", small, nil, ErrInvalidHeader},
-		badCase{"the smallest payload refused", func(op string) []byte { return make([]byte, room[op]+1) },
-			[]PublishOpt{WithIdempotencyKey("edge-y")}, ErrPayloadTooLarge},
-		badCase{"a payload far over the limit", func(string) []byte { return make([]byte, 2*limit) }, nil, ErrPayloadTooLarge},
-	)
+	x := []byte("x")
 	for _, o := range ops {
-		for _, tc := range cases {
-			call := func() error { return o.call(tc.data(o.name), tc.opts...) }
-			if tc.name == "a message built with a bad header name" {
-				if o.name != "dead letter" {
-					continue
-				}
-				call = func() error {
-					return r.b.DeadLetter(ctx, NewMessage(ctx, topic, []byte("x"), WithMessageHeaders(Headers{"X/Y": {"v"}})))
-				}
-			}
-			err := noPanic(t, o.name+" with "+tc.name, call)
-			if !errors.Is(err, tc.want) {
-				t.Errorf("%s with %s: got %v, want an error wrapping %v", o.name, tc.name, err, tc.want)
-			}
+		bad := func(what string, data []byte, want error, opts ...PublishOpt) {
+			rows = append(rows, inputRow{name: o.name + " with " + what, call: func() error { return o.call(data, opts...) }, want: want})
+		}
+		for _, name := range []string{"X/Y", "x(y)", "x@y", "x=y", "x,y", "x:y", "x y", "x\ty", "x;y", `x"y`, "x?y", "x[y]", "x{y}", `x\y`,
+			"é", "x\x00y", "x\x7fy", "x\ry", "x\ny", "", "Nats-Rollup", "nats-ttl", "NATS-Expected-Stream"} {
+			bad(fmt.Sprintf("header name %q", name), x, ErrInvalidHeader, WithHeader(name, "v"))
+		}
+		for _, value := range []string{" lead", "trail ", "\tlead", "trail\t", " ", "a\rb", "a\nb", "a\r\n"} {
+			bad(fmt.Sprintf("header value %q", value), x, ErrInvalidHeader, WithHeader("X-V", value))
+		}
+		bad("the smallest payload refused", make([]byte, o.room+1), ErrPayloadTooLarge, WithIdempotencyKey("edge-y"))
+		bad("a payload far over the limit", make([]byte, 2*limit), ErrPayloadTooLarge)
+	}
+	rows = append(rows, inputRow{name: "DeadLetter of a message built with a bad header name", want: ErrInvalidHeader,
+		call: func() error {
+			return r.b.DeadLetter(ctx, NewMessage(ctx, topic, x, WithMessageHeaders(Headers{"X/Y": {"v"}})))
+		}})
+
+	for _, bt := range []struct {
+		name  string
+		topic Topic
+	}{
+		{"an empty tenant", Topic{Table: "t"}},
+		{"a tenant with a dot", Topic{Tenant: "ac.me", Table: "t"}},
+		{"an empty table", Topic{Tenant: tenant}},
+	} {
+		for _, c := range []struct {
+			op   string
+			call func() error
+		}{
+			{"Publish", func() error { return r.b.Publish(ctx, bt.topic, x) }},
+			{"PublishBatch", func() error {
+				return r.b.PublishBatch(ctx, Batch{Tenant: bt.topic.Tenant, Events: []BatchEvent{{Table: bt.topic.Table, Data: x}}})
+			}},
+			{"ReplaySince", func() error {
+				return r.b.ReplaySince(ctx, bt.topic, time.Time{}, func(*Message) bool { return true })
+			}},
+			{"DeadLetter", func() error { return r.b.DeadLetter(ctx, NewMessage(ctx, bt.topic, x)) }},
+		} {
+			rows = append(rows, inputRow{name: c.op + " on " + bt.name, call: c.call, want: ErrInvalidTopic})
 		}
 	}
-	require.NoError(t, noPanic(t, "publish the largest payload", func() error {
-		return r.b.Publish(ctx, topic, largestPublish, WithIdempotencyKey("edge-x"))
-	}), "publish %d bytes, the largest the server takes with these headers", len(largestPublish))
-	require.NoError(t, noPanic(t, "park the largest payload", func() error {
-		return r.b.DeadLetter(ctx, NewMessage(ctx, topic, largestPark), WithIdempotencyKey("edge-x"))
-	}), "park %d bytes, the largest the server takes with these headers", len(largestPark))
 
+	var nilCtx context.Context
+	for _, c := range []struct {
+		op   string
+		call func() error
+	}{
+		{"Publish", func() error { return r.b.Publish(nilCtx, topic, x) }},
+		{"PublishBatch", func() error {
+			return r.b.PublishBatch(nilCtx, Batch{Tenant: tenant, Events: []BatchEvent{{Table: "t", Data: x}}})
+		}},
+		{"Subscribe", func() error { return r.b.Subscribe(nilCtx, "hub", func(*Message) error { return nil }) }},
+		{"CreateConsumer", func() error {
+			_, err := r.b.CreateConsumer(nilCtx, ConsumerConfig{Durable: WorkerDurable})
+			return err
+		}},
+		{"DeadLetter", func() error { return r.b.DeadLetter(nilCtx, NewMessage(ctx, topic, x)) }},
+		{"DeadLetterCounts", func() error {
+			_, err := r.b.DeadLetterCounts(nilCtx, tenant, "")
+			return err
+		}},
+		{"PurgeAcked", func() error {
+			_, err := r.b.PurgeAcked(nilCtx, WorkerDurable, map[TenantID]time.Time{tenant: time.Now()})
+			return err
+		}},
+		{"ReplaySince", func() error {
+			return r.b.ReplaySince(nilCtx, ranged, time.Time{}, func(*Message) bool { return true })
+		}},
+		{"SetMaxBytes", func() error { return r.b.SetMaxBytes(nilCtx, tenant, 1) }},
+	} {
+		rows = append(rows, inputRow{name: c.op + " with a nil context", call: c.call, want: ErrInvalidConfig, says: "nil context"})
+	}
+	rows = append(rows,
+		inputRow{name: "ReplaySince with a nil send and events to send", want: ErrInvalidConfig, says: "nil send",
+			call: func() error { return r.b.ReplaySince(ctx, ranged, time.Time{}, nil) }},
+		inputRow{name: "SetMaxBytes with a negative budget", want: ErrInvalidConfig, says: "negative budget",
+			call: func() error { return r.b.SetMaxBytes(ctx, tenant, -1) }},
+		inputRow{name: "Publish of the largest payload the server takes", call: func() error {
+			return r.b.Publish(ctx, topic, largestPublish, WithIdempotencyKey("edge-x"))
+		}},
+		inputRow{name: "DeadLetter of the largest payload the server takes", call: func() error {
+			return r.b.DeadLetter(ctx, NewMessage(ctx, topic, largestPark), WithIdempotencyKey("edge-x"))
+		}},
+	)
+
+	for _, s := range []struct {
+		name  string
+		since time.Time
+		want  []string
+	}{
+		{"in year 1600 is from the beginning", time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), inRange},
+		{"just before the range is from the beginning", firstNanoTime.Add(-time.Nanosecond), inRange},
+		{"at the range's start is from the beginning", firstNanoTime, inRange},
+		{"in year 1 is from the beginning", time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC), inRange},
+		{"before year 0 is from the beginning", time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC), inRange},
+		{"at the range's end is nothing", lastNanoTime, []string{}},
+		{"just after the range is nothing", lastNanoTime.Add(time.Nanosecond), []string{}},
+		{"on 2262-04-12 is nothing", time.Date(2262, 4, 12, 0, 0, 0, 0, time.UTC), []string{}},
+		{"in year 9999 is nothing", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), []string{}},
+		{"after year 9999 is nothing", time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), []string{}},
+	} {
+		got := []string{}
+		rows = append(rows, inputRow{name: "ReplaySince a since " + s.name,
+			call: func() error {
+				return r.b.ReplaySince(ctx, ranged, s.since, func(m *Message) bool { got = append(got, string(m.Data)); return true })
+			},
+			check: func(t *testing.T) { assert.Equal(t, s.want, got, "what was replayed") }})
+	}
+
+	for _, c := range []struct {
+		name   string
+		cutoff time.Time
+		purged bool
+		left   []string
+	}{
+		{"in year 1600 purges nothing", time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), false, inRange},
+		{"just before the range purges nothing", firstNanoTime.Add(-time.Nanosecond), false, inRange},
+		{"before year 0 purges nothing", time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC), false, inRange},
+		// Last: these purge what the others must keep.
+		{"in year 9999 purges everything acknowledged", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), true, []string{"left"}},
+		{"after year 9999 finds nothing acknowledged left", time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), false, []string{"left"}},
+	} {
+		var purged bool
+		rows = append(rows, inputRow{name: "PurgeAcked a cutoff " + c.name,
+			call: func() (err error) {
+				purged, err = r.b.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{tenant: c.cutoff})
+				return err
+			},
+			check: func(t *testing.T) {
+				left := c.left
+				if !r.purges {
+					left = inRange
+				}
+				assert.Equal(t, c.purged && r.purges, purged, "reported a removal")
+				assert.Equal(t, left, replayAll(t, r.b, ranged, time.Time{}), "what the history keeps")
+			}})
+	}
+
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			var err error
+			require.NotPanics(t, func() { err = row.call() })
+			if row.want == nil {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, row.want)
+				assert.ErrorContains(t, err, row.says)
+			}
+			if row.check != nil {
+				row.check(t)
+			}
+		})
+	}
+
+	assert.Equal(t, int64(budget), r.b.MaxBytes(tenant), "the budget is as it was set")
 	wantStored := []string{"before-0", "before-1", "before-2", short(largestPublish)}
-	assert.Equal(t, wantStored, drainBroker(t, r.b, len(wantStored)), "what the worker gets: everything stored before, and the largest event")
+	assert.Equal(t, append([]string{"left"}, wantStored...), drainBroker(t, r.b, len(wantStored)+1),
+		"what the worker gets: everything stored before and not acknowledged, and the largest event")
 	var replayed []string
 	require.Eventually(t, func() bool {
 		replayed = nil
@@ -358,8 +499,7 @@ func TestEmbeddedNATS_BadInputIsRefusedWithItsSentinelAndLosesNothing(t *testing
 	for _, prefix := range []string{"", "a-rather-long-prefix-for-every-stream-name"} {
 		t.Run("prefix "+prefix, func(t *testing.T) {
 			e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.Topology.Prefix = prefix })
-			require.NoError(t, e.SetMaxBytes(testCtx(t), "acme", 64<<20))
-			testBadInputIsRefusedAndLosesNothing(t, inputRig{b: e, core: e.core,
+			testBadInputIsRefusedAndLosesNothing(t, inputRig{b: e, core: e.core, purges: true,
 				parked: func(ctx context.Context, tenant TenantID) ([]*Message, error) { return ParkedMessages(ctx, e, tenant) }})
 		})
 	}

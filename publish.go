@@ -242,7 +242,7 @@ func callerKeyed(id string) bool { return strings.Contains(id, ".") }
 
 // errNilContext refuses a nil context before anything is sent, reserved or requested:
 // every request would panic on it. Every Broker method that takes a ctx refuses one.
-func errNilContext(op string) error { return errors.New(op + ": nil context") }
+func errNilContext(op string) error { return fmt.Errorf("%s: nil context: %w", op, ErrInvalidConfig) }
 
 func cloneHeaders(h Headers) Headers {
 	out := make(Headers, len(h))

@@ -45,7 +45,7 @@ func (c *natsCore) replay(ctx context.Context, topic Topic, since time.Time, sen
 		return err
 	}
 	if send == nil {
-		return errors.New("replay: nil send")
+		return fmt.Errorf("replay: nil send: %w", ErrInvalidConfig)
 	}
 	subject, p, err := c.subs.ingestTopic(topic)
 	if err != nil {

@@ -3,7 +3,6 @@ package mq
 import (
 	"context"
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -21,125 +20,6 @@ func replayAll(t *testing.T, b Broker, topic Topic, since time.Time) []string {
 		return true
 	}), "replay %+v since %v", topic, since)
 	return got
-}
-
-// Times at the edges of what an int64 of nanoseconds since 1970 holds, which is what
-// JetStream compares stored times in.
-var (
-	firstNanoTime = time.Unix(0, math.MinInt64).UTC()
-	lastNanoTime  = time.Unix(0, math.MaxInt64).UTC()
-)
-
-// checkOutOfRangeInput stores four events on b (three acknowledged), then feeds replay
-// and purge a nil send and times outside the int64-nanosecond range: each is refused
-// or gives the monotone result (a since before the range replays everything, after it
-// nothing; a cutoff before it purges nothing, after it everything acknowledged), and
-// nothing stored is lost on the way. purges says whether b's PurgeAcked removes
-// anything at all.
-func checkOutOfRangeInput(t *testing.T, b Broker, purges bool) {
-	t.Helper()
-	ctx := testCtx(t)
-	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
-	topic := Topic{Tenant: "acme", Table: "range"}
-	stored := []string{"a", "b", "c", "left"}
-	for _, d := range stored {
-		require.NoError(t, b.Publish(ctx, topic, []byte(d)))
-	}
-	c, err := b.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
-	require.NoError(t, err)
-	acked := make(chan string, len(stored))
-	stop, _, err := c.Consume(func(m *Message) error {
-		if string(m.Data) != "left" {
-			if err := m.DoubleAck(ctx); err != nil {
-				return err
-			}
-		}
-		acked <- string(m.Data)
-		return nil
-	}, 16)
-	require.NoError(t, err)
-	for range stored {
-		select {
-		case <-acked:
-		case <-ctx.Done():
-			t.Fatal("the worker did not receive every event")
-		}
-	}
-	stop()
-	require.Eventually(t, func() bool { return len(replayAll(t, b, topic, time.Time{})) == len(stored) },
-		10*time.Second, 20*time.Millisecond)
-
-	for _, r := range []struct {
-		name  string
-		since time.Time
-		want  []string
-	}{
-		{"SinceInYear1600IsFromTheBeginning", time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), stored},
-		{"SinceJustBeforeTheRangeIsFromTheBeginning", firstNanoTime.Add(-time.Nanosecond), stored},
-		{"SinceAtTheRangesStartIsFromTheBeginning", firstNanoTime, stored},
-		{"SinceInYear1IsFromTheBeginning", time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC), stored},
-		{"SinceBeforeYear0IsFromTheBeginning", time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC), stored},
-		{"SinceAtTheRangesEndIsNothing", lastNanoTime, []string{}},
-		{"SinceJustAfterTheRangeIsNothing", lastNanoTime.Add(time.Nanosecond), []string{}},
-		{"SinceOn2262-04-12IsNothing", time.Date(2262, 4, 12, 0, 0, 0, 0, time.UTC), []string{}},
-		{"SinceInYear9999IsNothing", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), []string{}},
-		{"SinceAfterYear9999IsNothing", time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), []string{}},
-	} {
-		t.Run("Replay"+r.name, func(t *testing.T) {
-			got := []string{}
-			err := b.ReplaySince(ctx, topic, r.since, func(m *Message) bool {
-				got = append(got, string(m.Data))
-				return true
-			})
-			require.NoError(t, err)
-			assert.Equal(t, r.want, got)
-		})
-	}
-
-	t.Run("ReplayRefusesANilSend", func(t *testing.T) {
-		var err error
-		require.NotPanics(t, func() { err = b.ReplaySince(ctx, topic, time.Time{}, nil) })
-		require.Error(t, err)
-		assert.ErrorContains(t, err, "nil send")
-		assert.Equal(t, stored, replayAll(t, b, topic, time.Time{}), "stored events are all still there")
-	})
-
-	for _, p := range []struct {
-		name   string
-		cutoff time.Time
-		purged bool
-		left   []string
-	}{
-		{"PurgeCutoffInYear1600PurgesNothing", time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC), false, stored},
-		{"PurgeCutoffJustBeforeTheRangePurgesNothing", firstNanoTime.Add(-time.Nanosecond), false, stored},
-		{"PurgeCutoffBeforeYear0PurgesNothing", time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC), false, stored},
-		// Last: it purges what the others must keep.
-		{"PurgeCutoffInYear9999PurgesEverythingAcknowledged", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), purges, []string{"left"}},
-	} {
-		t.Run(p.name, func(t *testing.T) {
-			purged, err := b.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"acme": p.cutoff})
-			require.NoError(t, err)
-			assert.Equal(t, p.purged, purged, "reported a removal")
-			want := p.left
-			if !purges {
-				want = stored
-			}
-			assert.Equal(t, want, replayAll(t, b, topic, time.Time{}), "what the history keeps")
-		})
-	}
-	t.Run("PurgeCutoffAfterTheRangePurgesEverythingAcknowledged", func(t *testing.T) {
-		_, err := b.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"acme": time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)})
-		require.NoError(t, err)
-		want := []string{"left"}
-		if !purges {
-			want = stored
-		}
-		assert.Equal(t, want, replayAll(t, b, topic, time.Time{}), "the unacknowledged event survives any cutoff")
-	})
-}
-
-func TestEmbeddedNATS_ANilSendAndTimesOutOfRangeAreRefusedOrClampedAndLoseNothing(t *testing.T) {
-	checkOutOfRangeInput(t, openEmbedded(t, ""), true)
 }
 
 // checkSettlingAfterCloseIsErrClosed holds a message the worker delivered, closes b and
