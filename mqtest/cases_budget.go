@@ -29,7 +29,7 @@ func budgetCases() []testCase {
 		},
 		{
 			name: "SetMaxBytesRefusesBadInputAndKeepsTheBudget",
-			proves: "An invalid tenant is ErrInvalidTenant, a negative budget is an error, and " +
+			proves: "An invalid tenant is ErrInvalidTenant, a negative budget ErrInvalidConfig, and " +
 				"after either MaxBytes keeps the last budget set in full.",
 			publishes: "1 event on acme/t",
 			run:       setMaxBytesRefusesBadInput,
@@ -123,7 +123,7 @@ func setMaxBytesRefusesBadInput(t *testing.T, h Harness) {
 		assert.ErrorIs(t, e.b.SetMaxBytes(e.ctx, tenant, 1<<20), mq.ErrInvalidTenant, "tenant %q", tenant)
 	}
 	require.NoError(t, e.b.SetMaxBytes(e.ctx, Acme, 32<<20))
-	assert.Error(t, e.b.SetMaxBytes(e.ctx, Acme, -1), "a negative budget")
+	assert.ErrorIs(t, e.b.SetMaxBytes(e.ctx, Acme, -1), mq.ErrInvalidConfig, "a negative budget")
 	assert.Equal(t, int64(32<<20), e.b.MaxBytes(Acme), "a refused budget replaced the last one")
 	e.publish(topic(Acme, "t", ""), "still open")
 }

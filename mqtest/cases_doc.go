@@ -393,9 +393,9 @@ import "slices"
 //     a *mq.Message with its topic, data, headers and a stored timestamp; its settle
 //     methods are harmless no-ops. Publishes: 1 event with headers on acme/shape/sc.
 //
-//   - ReplaySinceRefusesANilSendAndLosesNothing: A nil send is refused with an error,
-//     never a panic, even with events to send, and the events are still all there.
-//     Publishes: events on acme/r.
+//   - ReplaySinceRefusesANilSendAndLosesNothing: A nil send is refused with
+//     ErrInvalidConfig, never a panic, even with events to send, and the events are
+//     still all there. Publishes: events on acme/r.
 //
 //   - ReplaySinceBeforeAnyStorableTimeIsEverythingAndAfterItNothing: A since far in the
 //     past (before any time a broker can store, however it counts time) replays
@@ -453,8 +453,8 @@ import "slices"
 //     Publishes: nothing.
 //
 //   - SetMaxBytesRefusesBadInputAndKeepsTheBudget: An invalid tenant is
-//     ErrInvalidTenant, a negative budget is an error, and after either MaxBytes keeps
-//     the last budget set in full. Publishes: 1 event on acme/t.
+//     ErrInvalidTenant, a negative budget ErrInvalidConfig, and after either MaxBytes
+//     keeps the last budget set in full. Publishes: 1 event on acme/t.
 //
 //   - BudgetIsEnforcedExactlyWhenPerTenantBudgetIsDeclared: With PerTenantBudget, a
 //     tenant given 4 KiB is refused with ErrQueueFull once it is used up, and another

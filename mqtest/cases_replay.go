@@ -73,7 +73,7 @@ func replayCases() []testCase {
 		},
 		{
 			name: "ReplaySinceRefusesANilSendAndLosesNothing",
-			proves: "A nil send is refused with an error, never a panic, even with events to " +
+			proves: "A nil send is refused with ErrInvalidConfig, never a panic, even with events to " +
 				"send, and the events are still all there.",
 			publishes: "events on acme/r",
 			run:       replaySinceNilSend,
@@ -297,7 +297,7 @@ func replaySinceNilSend(t *testing.T, h Harness) {
 	tp := e.twoReplayable()
 	var err error
 	require.NotPanics(t, func() { err = e.b.ReplaySince(e.ctx, tp, time.Time{}, nil) }, "ReplaySince with a nil send")
-	require.Error(t, err, "ReplaySince with a nil send")
+	require.ErrorIs(t, err, mq.ErrInvalidConfig, "ReplaySince with a nil send")
 	assert.False(t, isContextErr(err), "the error is a context's: %v", err)
 	assert.Equal(t, []string{"one", "two"}, e.replay(tp, time.Time{}))
 }

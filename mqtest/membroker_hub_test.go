@@ -80,7 +80,7 @@ func (b *memBroker) ReplaySince(ctx context.Context, tp mq.Topic, since time.Tim
 		return err
 	}
 	if send == nil {
-		return fmt.Errorf("mem: replay of %s: send is nil", tp)
+		return fmt.Errorf("mem: replay of %s: send is nil: %w", tp, mq.ErrInvalidConfig)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
