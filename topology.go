@@ -156,7 +156,7 @@ func (t NATSTopology) Validate() error {
 	case !validName(t.IngestConsumer):
 		return fmt.Errorf("nats topology: ingest consumer %q is not a valid consumer name", t.IngestConsumer)
 	case !ingestConsumerSortsFirst(t.IngestConsumer):
-		return fmt.Errorf("nats topology: ingest consumer %q must sort before %q (byte order, so upper case A-I or a digit first): "+
+		return fmt.Errorf("nats topology: ingest consumer %q must sort before %q in byte order (as INGEST does; a name starting with a lower-case letter never does): "+
 			"a single nats-server recovers a partition's consumers in name order, and recovering the history's source "+
 			"consumer first removes every event the history copied that the ingest durable has not acknowledged",
 			t.IngestConsumer, serverConsumerPrefix)
