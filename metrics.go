@@ -160,7 +160,10 @@ func (o *operation) end(err error) {
 	endSpan(o.Span, err)
 	// Recorded under the span alone, not the caller's ctx: a cancelled request still
 	// counts, and an exemplar points at this operation's span.
-	ctx := trace.ContextWithSpan(context.Background(), o.Span)
+	ctx := context.Background()
+	if o.SpanContext().IsValid() { // only a valid span can be an exemplar's
+		ctx = trace.ContextWithSpan(ctx, o.Span)
+	}
 	elapsed := time.Since(o.start).Seconds()
 	attrs := o.attrs
 	if err != nil {
@@ -177,7 +180,9 @@ func (o *operation) end(err error) {
 		o.m.sent.Add(ctx, int64(o.messages), o.name, system, counted...)
 	case messagingconv.OperationTypeProcess:
 		o.m.procDur.Record(ctx, elapsed, o.name, system, attrs...)
-		o.m.consumed.Add(ctx, int64(o.messages), o.name, system, dropError(counted)...)
+		if o.m.consumed.Enabled(ctx) { // dropError copies, for a no-op meter too
+			o.m.consumed.Add(ctx, int64(o.messages), o.name, system, dropError(counted)...)
+		}
 	default: // receive: a replay
 		o.m.opDur.Record(ctx, elapsed, o.name, system, append(attrs, opType)...)
 		if o.messages > 0 {

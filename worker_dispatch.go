@@ -36,8 +36,9 @@ type dispatcher struct {
 	durable string
 	handler Handler
 	policy  workerPolicy
-	share   int    // each pull's batch
-	group   *group // the workers sharing the partitions
+	share   int             // each pull's batch
+	starts  []*processStart // each partition's
+	group   *group          // the workers sharing the partitions
 	// part is what Health knows of this Consume; forget ends that at stop.
 	part   *part
 	forget func()
@@ -121,6 +122,7 @@ type tries struct {
 func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Handler, policy workerPolicy, share int) *dispatcher {
 	d := &dispatcher{
 		core: c, ctx: ctx, durable: durable, handler: handler, policy: policy, share: share,
+		starts:  c.processStarts(durable),
 		lanes:   map[TenantID]*lane{},
 		units:   map[int]*unit{},
 		tries:   map[eventRef]*tries{},
