@@ -100,8 +100,13 @@ type lane struct {
 
 // entry is one delivery.
 type entry struct {
-	m        jetstream.Msg
-	settler  Settler // the broker's (budget-aware), without the handler's observer
+	m       jetstream.Msg
+	settler Settler // the broker's (budget-aware), without the handler's observer
+	// settle is msg's settler: settler observed by the dispatcher. Kept here, not
+	// boxed, with d and u for its observer, so a delivery allocates neither.
+	settle   settlement
+	d        *dispatcher
+	u        *unit
 	msg      *Message
 	part     int
 	seq      uint64
@@ -112,6 +117,9 @@ type entry struct {
 	extended time.Time // when keepAlive last extended its ack wait
 	ackWait  time.Duration
 }
+
+// observe tells the dispatcher of a settle the handler made.
+func (e *entry) observe(kind settled) { e.d.observe(e.u, e, kind) }
 
 // tries is what this worker saw of one event's attempts, kept until it is settled.
 type tries struct {
@@ -188,7 +196,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			u.pin.Store(&id)
 		}
 	}
-	e := &entry{m: m, part: u.p, ackWait: u.ackWait, extended: time.Now()}
+	e := &entry{m: m, d: d, u: u, part: u.p, ackWait: u.ackWait, extended: time.Now()}
 	var ts time.Time
 	ref := eventRef{partition: -1}
 	if meta, err := m.Metadata(); err == nil {
@@ -196,10 +204,8 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		ref = eventRef{u.p, e.seq}
 	}
 	e.settler = d.core.settler(m, ref)
-	e.msg = d.core.delivered(d.ctx, m, ts, e.attempt, e.seq, settlement{
-		Settler: e.settler, core: d.core, subject: m.Subject(),
-		observe: func(kind settled) { d.observe(u, e, kind) },
-	})
+	e.settle = settlement{Settler: e.settler, core: d.core, subject: m.Subject(), observer: e}
+	e.msg = d.core.delivered(d.ctx, m, ts, e.attempt, e.seq, &e.settle)
 	tenant, _, _ := strings.Cut(e.msg.key, ".") // a key's first token is its tenant
 	d.mu.Lock()
 	defer d.mu.Unlock()
