@@ -258,13 +258,16 @@ func (e *EmbeddedNATS) storedEvent(subject string, h nats.Header, dataLen int) (
 
 // settler releases the budget of the event at ref once the worker acknowledged it.
 func (e *EmbeddedNATS) settler(m jetstream.Msg, ref eventRef) Settler {
-	return budgetSettler{Msg: m, release: func() { e.budgets.release(ref) }}
+	return budgetSettler{Msg: m, budgets: e.budgets, ref: ref}
 }
 
 type budgetSettler struct {
 	jetstream.Msg
-	release func()
+	budgets *budgets
+	ref     eventRef
 }
+
+func (s budgetSettler) release() { s.budgets.release(s.ref) }
 
 func (s budgetSettler) Ack() error {
 	err := s.Msg.Ack()

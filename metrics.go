@@ -187,7 +187,9 @@ func (o *operation) end(err error) {
 		o.m.sent.Add(ctx, int64(o.messages), o.name, system, counted...)
 	case messagingconv.OperationTypeProcess:
 		o.m.procDur.Record(ctx, elapsed, o.name, system, attrs...)
-		o.m.consumed.Add(ctx, int64(o.messages), o.name, system, dropError(counted)...)
+		if o.m.consumed.Enabled(ctx) { // dropError copies, for a no-op meter too
+			o.m.consumed.Add(ctx, int64(o.messages), o.name, system, dropError(counted)...)
+		}
 	default: // receive: a replay
 		o.m.opDur.Record(ctx, elapsed, o.name, system, append(attrs, opType)...)
 		if o.messages > 0 {

@@ -138,26 +138,57 @@ func (c *natsCore) startSend(ctx context.Context, op string, dest destination, p
 	return ctx, o
 }
 
+// processStart is what every handler call of one Consume on one partition starts its
+// consumer span and records its metrics with. Built once per partition when the
+// Consume starts, so a delivery builds none of it (measured: 17 allocations per
+// delivery with a no-op provider). measured has len == cap, so the appends of
+// operation.end copy it.
+type processStart struct {
+	name     string
+	opts     []trace.SpanStartOption // the span kind and the attributes every call shares
+	measured []attribute.KeyValue
+}
+
+// processStarts builds the processStart of each partition for the durable.
+func (c *natsCore) processStarts(durable string) []*processStart {
+	template := c.subs.ingestTemplate()
+	starts := make([]*processStart, len(c.partitions))
+	for p := range starts {
+		m := slices.Clip(append(measured(template, p), semconv.MessagingConsumerGroupName(durable)))
+		attrs := append([]attribute.KeyValue{natsSystem, semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName(opProcess)}, m...)
+		starts[p] = &processStart{
+			name:     "process " + template,
+			opts:     []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)},
+			measured: m,
+		}
+	}
+	return starts
+}
+
 // startProcess starts the consumer span of one handler call on a worker delivery: its
 // parent is the producer's span carried by the headers, linked as well; the context
-// it returns keeps base's cancellation and values.
-func (c *natsCore) startProcess(base context.Context, msg *Message, durable string, partition int) (context.Context, *operation) {
+// it returns keeps base's cancellation and values. The delivery's own attributes (its
+// attempt and message id) are set only on a span that records: a sampler sees the
+// ones every call shares.
+func (c *natsCore) startProcess(base context.Context, s *processStart, msg *Message) (context.Context, *operation) {
 	producer := trace.SpanContextFromContext(otel.GetTextMapPropagator().Extract(context.Background(), headerCarrier(msg.Headers)))
-	m := append(measured(c.subs.ingestTemplate(), partition), semconv.MessagingConsumerGroupName(durable))
-	attrs := append([]attribute.KeyValue{natsSystem, semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName(opProcess),
-		AttrDeliveryAttempt.Int(msg.Attempt)}, m...)
-	if msg.ID != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(msg.ID))
-	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
-	parent := base
+	parent, opts := base, s.opts
 	if producer.IsValid() {
 		parent = trace.ContextWithRemoteSpanContext(base, producer)
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+		opts = append(opts[:len(opts):len(opts)], trace.WithLinks(trace.Link{SpanContext: producer}))
 	}
-	_, span := c.tracer.Start(parent, "process "+c.subs.ingestTemplate(), opts...)
-	o := c.metrics.startOp(span, opProcess, messagingconv.OperationTypeProcess, m)
-	o.tenant, o.messages = msg.Topic().Tenant, 1
+	_, span := c.tracer.Start(parent, s.name, opts...)
+	if span.IsRecording() {
+		span.SetAttributes(AttrDeliveryAttempt.Int(msg.Attempt))
+		if msg.ID != "" {
+			span.SetAttributes(semconv.MessagingMessageID(msg.ID))
+		}
+	}
+	o := c.metrics.startOp(span, opProcess, messagingconv.OperationTypeProcess, s.measured)
+	o.messages = 1
+	if c.metrics.tenants {
+		o.tenant = msg.Topic().Tenant // only counters with MetricsTenants carry it
+	}
 	// The handler's ctx is base with the span: the producer's context is its parent
 	// only, so cancellation stays the consumer's.
 	return trace.ContextWithSpan(base, span), o

@@ -233,13 +233,13 @@ const (
 // settlement is how a delivered message settles: through the broker's settler (which
 // may observe it, see natsCore.settler), its failures mapped as every other method's
 // are, so a message held past Close settles with ErrClosed rather than the client's
-// bare "connection closed". observe, when set, hears of every ack and nak: the kind
+// bare "connection closed". observer, when set, hears of every ack and nak: the kind
 // made, or settledFailed when it could not be sent.
 type settlement struct {
 	Settler
-	core    *natsCore
-	subject string
-	observe func(settled)
+	core     *natsCore
+	subject  string
+	observer interface{ observe(settled) }
 }
 
 func (s settlement) Ack() error { return s.done(settledAck, "ack", s.Settler.Ack()) }
@@ -257,11 +257,11 @@ func (s settlement) NakWithDelay(delay time.Duration) error {
 func (s settlement) InProgress() error { return s.failed("in progress", s.Settler.InProgress()) }
 
 func (s settlement) done(kind settled, what string, err error) error {
-	if s.observe != nil {
+	if s.observer != nil {
 		if err != nil {
 			kind = settledFailed
 		}
-		s.observe(kind)
+		s.observer.observe(kind)
 	}
 	return s.failed(what, err)
 }

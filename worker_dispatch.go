@@ -36,8 +36,9 @@ type dispatcher struct {
 	durable string
 	handler Handler
 	policy  workerPolicy
-	share   int    // each pull's batch
-	group   *group // the workers sharing the partitions
+	share   int             // each pull's batch
+	starts  []*processStart // each partition's
+	group   *group          // the workers sharing the partitions
 	// part is what Health knows of this Consume; forget ends that at stop.
 	part   *part
 	forget func()
@@ -99,8 +100,13 @@ type lane struct {
 
 // entry is one delivery.
 type entry struct {
-	m        jetstream.Msg
-	settler  Settler // the broker's (budget-aware), without the handler's observer
+	m       jetstream.Msg
+	settler Settler // the broker's (budget-aware), without the handler's observer
+	// settle is msg's settler: settler observed by the dispatcher. Kept here, not
+	// boxed, with d and u for its observer, so a delivery allocates neither.
+	settle   settlement
+	d        *dispatcher
+	u        *unit
 	msg      *Message
 	part     int
 	seq      uint64
@@ -112,6 +118,9 @@ type entry struct {
 	ackWait  time.Duration
 }
 
+// observe tells the dispatcher of a settle the handler made.
+func (e *entry) observe(kind settled) { e.d.observe(e.u, e, kind) }
+
 // tries is what this worker saw of one event's attempts, kept until it is settled.
 type tries struct {
 	first, last time.Time
@@ -121,6 +130,7 @@ type tries struct {
 func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Handler, policy workerPolicy, share int) *dispatcher {
 	d := &dispatcher{
 		core: c, ctx: ctx, durable: durable, handler: handler, policy: policy, share: share,
+		starts:  c.processStarts(durable),
 		lanes:   map[TenantID]*lane{},
 		units:   map[int]*unit{},
 		tries:   map[eventRef]*tries{},
@@ -186,7 +196,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			u.pin.Store(&id)
 		}
 	}
-	e := &entry{m: m, part: u.p, ackWait: u.ackWait, extended: time.Now()}
+	e := &entry{m: m, d: d, u: u, part: u.p, ackWait: u.ackWait, extended: time.Now()}
 	var ts time.Time
 	ref := eventRef{partition: -1}
 	if meta, err := m.Metadata(); err == nil {
@@ -194,10 +204,8 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		ref = eventRef{u.p, e.seq}
 	}
 	e.settler = d.core.settler(m, ref)
-	e.msg = d.core.delivered(d.ctx, m, ts, e.attempt, e.seq, settlement{
-		Settler: e.settler, core: d.core, subject: m.Subject(),
-		observe: func(kind settled) { d.observe(u, e, kind) },
-	})
+	e.settle = settlement{Settler: e.settler, core: d.core, subject: m.Subject(), observer: e}
+	e.msg = d.core.delivered(d.ctx, m, ts, e.attempt, e.seq, &e.settle)
 	tenant, _, _ := strings.Cut(e.msg.key, ".") // a key's first token is its tenant
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -283,17 +291,26 @@ func (l *lane) insert(e *entry) bool {
 	return true
 }
 
-// schedule puts l on the ready list when it has work and nothing holds it.
+// schedule puts l on the ready list when it has work and nothing holds it, and wakes
+// a goroutine of the pool for it.
 func (d *dispatcher) schedule(l *lane) {
+	if d.enqueue(l) {
+		d.wake.Signal()
+	}
+}
+
+// enqueue puts l on the ready list when it has work and nothing holds it, and reports
+// whether it did. Called with d.mu held.
+func (d *dispatcher) enqueue(l *lane) bool {
 	if l.ready || l.running != nil || l.blocked != nil || len(l.queue) == 0 {
-		return
+		return false
 	}
 	if u := d.units[l.part]; u != nil && u.releasing.Load() {
-		return
+		return false
 	}
 	l.ready = true
 	d.ready = append(d.ready, l)
-	d.wake.Signal()
+	return true
 }
 
 // runLanes is one of the pool's goroutines.
@@ -352,7 +369,10 @@ func (d *dispatcher) runLanes() {
 		if u.running == 0 && u.releasing.Load() {
 			close(u.idle)
 		}
-		d.schedule(l)
+		// No wake: this goroutine takes the next ready lane before it lets go of
+		// d.mu, so a goroutine woken for l would only find the list as it was
+		// (measured: one futex wake and a context switch per delivery).
+		d.enqueue(l)
 		if l.running == nil && l.blocked == nil && len(l.queue) == 0 {
 			delete(d.lanes, l.tenant)
 		}
