@@ -493,6 +493,9 @@ func (e *EmbeddedNATS) shutdown() {
 	if e.nc != nil {
 		_ = e.nc.FlushTimeout(closeFlushTimeout)
 		e.nc.Close()
+		if e.commits != nil {
+			e.commits.wait() // their sends fail at once now
+		}
 	}
 	if e.srv != nil {
 		e.srv.Shutdown()

@@ -118,10 +118,10 @@ func (c *natsCore) sendBatch(ctx context.Context, b outBatch) []stored {
 // sendChunked sends a batch that need not be atomic as atomic chunks of at most
 // MaxAtomicBatch events: with an fsync per write the server syncs once per atomic
 // batch rather than once per event (measured at 100 events: 14.7k events/s atomic
-// against 4.0k pipelined). A chunk that fails for any reason goes again pipelined,
-// event by event, so each event gets its own outcome as the contract promises; the
-// message ids keep every event stored once. A chunk smaller than minAtomicChunk is
-// pipelined from the start.
+// against 4.0k pipelined). A chunk refused whole (an id already stored, a limit) goes
+// again pipelined, event by event, so each event gets its own outcome as the contract
+// promises; the message ids keep every event stored once. A chunk smaller than
+// minAtomicChunk is pipelined from the start.
 func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 	results := make([]stored, len(b.events))
 	for lo := 0; lo < len(b.events); lo += MaxAtomicBatch {
@@ -132,7 +132,7 @@ func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 			continue
 		}
 		res, fallBack := c.sendAtomic(ctx, chunk)
-		if fallBack || batchError(res) != nil {
+		if fallBack || refusedWhole(res) {
 			res = c.sendPipelined(ctx, chunk.events)
 		}
 		copy(results[lo:], res)
@@ -140,10 +140,21 @@ func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 	return results
 }
 
+// refusedWhole reports whether an atomic chunk failed for something its events may
+// not share (a limit, a size): sent one by one, some may be stored. A chunk that went
+// unanswered or found the broker closed is not sent again: its retries are spent,
+// and its callers have waited long enough.
+func refusedWhole(results []stored) bool {
+	err := batchError(results)
+	return err != nil && !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrClosed) &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
 // minAtomicChunk is the smallest chunk sendChunked sends atomic. A single-server
 // stream stages each atomic batch in a file store of its own, created and removed per
 // batch: measured under fsync, an atomic batch costs about 2.2 ms plus 45 µs an event,
-// and a pipelined event about 280 µs, so below about 10 events pipelining is faster.
+// and a pipelined event about 280 µs, so from about 10 events on the atomic chunk is
+// faster; 12 leaves a margin.
 const minAtomicChunk = 12
 
 // sendAtomic sends b as one atomic batch. Its events are stored one after another,
@@ -244,7 +255,7 @@ func (c *natsCore) sendPipelined(ctx context.Context, events []outgoing) []store
 			// As in send: the headers hold the message id and the expected stream, so
 			// nothing is copied per event or attempt.
 			msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(ev.header)}
-			futures[k], results[i].err = c.asyncJS().PublishMsgAsync(msg, stall)
+			futures[k], results[i].err = c.asyncJS().PublishMsgAsync(msg, stall, noRetries)
 		}
 		timeout := time.NewTimer(c.topo.PublishTimeout)
 		var again []int

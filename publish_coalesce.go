@@ -1,9 +1,11 @@
 package mq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 )
@@ -21,10 +23,13 @@ import (
 type coalescer struct {
 	core *natsCore
 	// settle is told each event's outcome once, before its caller is: EmbeddedNATS
-	// commits or gives back the reservation there, so a caller that stops waiting
-	// (its ctx ends) leaves its budget exact.
+	// commits or gives back the reservation there, so a queued caller that stops
+	// waiting (its ctx ends) leaves its budget exact.
 	settle func(partition int, r *reservation, s stored)
 	parts  []coalescing
+	// flushes are the running flush goroutines: Close waits for them, as it does for
+	// everything the broker started.
+	flushes sync.WaitGroup
 }
 
 // coalescing is one partition's state: whether a send is in flight, and the calls
@@ -44,6 +49,7 @@ type queued struct {
 	// gone yet. The flusher never reads the caller's ctx, whose methods are the caller's.
 	left atomic.Bool
 	out  chan error // buffered: the flusher never waits for a caller that left
+	told bool       // finish ran; the flush's own
 }
 
 func newCoalescer(core *natsCore, settle func(int, *reservation, stored)) *coalescer {
@@ -72,6 +78,9 @@ func (g *coalescer) publish(ctx context.Context, p int, ev outgoing, r *reservat
 		handed = true
 		return g.sendAlone(ctx, p, ev, r)
 	}
+	// The data is the caller's, who may reuse it once Publish returned, also when its
+	// ctx ended while the event was on its way: the queued event owns a copy.
+	ev.data = bytes.Clone(ev.data)
 	q := &queued{ev: ev, r: r, out: make(chan error, 1)}
 	part.queue = append(part.queue, q)
 	part.mu.Unlock()
@@ -121,8 +130,11 @@ func (g *coalescer) handOff(p int) {
 		part.busy = false
 		return
 	}
-	go g.flush(p)
+	g.flushes.Go(func() { g.flush(p) })
 }
+
+// wait waits for the running flushes; once the connection is closed they end at once.
+func (g *coalescer) wait() { g.flushes.Wait() }
 
 // flush sends p's queue, a batch at a time, until it finds it empty. Only one flush
 // runs per partition (busy), so the spare array is its own.
@@ -142,14 +154,32 @@ func (g *coalescer) flush(p int) {
 			batch, part.queue = batch[:MaxAtomicBatch:MaxAtomicBatch], batch[MaxAtomicBatch:]
 		}
 		part.mu.Unlock()
-		g.sendQueued(p, batch)
+		g.sendGuarded(p, batch)
+		clear(batch) // the calls' data is not kept alive by the array
 		if whole {
-			clear(batch)
 			part.mu.Lock()
 			part.spare = batch[:0]
 			part.mu.Unlock()
 		}
 	}
+}
+
+// sendGuarded is sendQueued, except that a panic in it (a bug) fails the calls of
+// batch not yet told their outcome, instead of ending the process or leaving them
+// waiting; the flush goes on with the rest of the queue.
+func (g *coalescer) sendGuarded(p int, batch []*queued) {
+	defer func() {
+		if r := recover(); r != nil {
+			g.core.log.Error("mq: publish batch panicked; its calls fail", "partition", p,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			for _, q := range batch {
+				if !q.told {
+					g.finish(p, q, stored{err: fmt.Errorf("publish %s: %w: %v", q.ev.subject, errPublishPanicked, r)})
+				}
+			}
+		}
+	}()
+	g.sendQueued(p, batch)
 }
 
 // sendQueued sends the calls of batch that still wait, and tells each its outcome.
@@ -180,6 +210,7 @@ func (g *coalescer) sendQueued(p int, batch []*queued) {
 }
 
 func (g *coalescer) finish(p int, q *queued, s stored) {
+	q.told = true
 	g.settle(p, q.r, s)
 	q.out <- s.err
 }

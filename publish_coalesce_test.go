@@ -101,6 +101,9 @@ func storedBatchIDs(t *testing.T, e *EmbeddedNATS, tenant TenantID) map[string]s
 	s, err := e.js.Stream(ctx, e.topo.PartitionStream(Partition(tenant, e.topo.Partitions)))
 	require.NoError(t, err)
 	out := map[string]string{}
+	if s.CachedInfo().State.Msgs == 0 {
+		return out
+	}
 	for seq := s.CachedInfo().State.FirstSeq; seq <= s.CachedInfo().State.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		require.NoError(t, err)
@@ -224,14 +227,20 @@ func TestEmbeddedNATS_UnderFsyncPublishesWaitingAtCloseReturnErrClosed(t *testin
 	assert.Zero(t, e.budgets.used["acme"], "nothing held")
 }
 
+// panicOnDone is a context whose Done panics: only the send itself calls it (Publish
+// checks Err first), so the panic comes while the partition is busy.
+type panicOnDone struct{ context.Context }
+
+func (panicOnDone) Done() <-chan struct{} { panic("mq test: Done called") }
+
 // TestEmbeddedNATS_UnderFsyncAPublishThatPanicsGivesItsPartitionBack: a send that
-// panics (here its caller's ctx) gives back its reservation and leaves its partition
-// free for the next call.
+// panics (here in its caller's ctx) gives back its reservation and leaves its
+// partition free for the next call.
 func TestEmbeddedNATS_UnderFsyncAPublishThatPanicsGivesItsPartitionBack(t *testing.T) {
 	b := openFsync(t, "")
 	ctx := testCtx(t)
 	topic := Topic{Tenant: "acme", Table: "t"}
-	require.Panics(t, func() { _ = b.Publish(panicOnErr{ctx}, topic, []byte("x")) })
+	require.PanicsWithValue(t, "mq test: Done called", func() { _ = b.Publish(panicOnDone{ctx}, topic, []byte("x")) })
 	assert.Zero(t, b.backlog(t, "acme"), "the panicked publish holds nothing")
 	p := Partition("acme", b.topo.Partitions)
 	b.commits.parts[p].mu.Lock()
@@ -239,4 +248,38 @@ func TestEmbeddedNATS_UnderFsyncAPublishThatPanicsGivesItsPartitionBack(t *testi
 	b.commits.parts[p].mu.Unlock()
 	assert.False(t, busy, "the partition is free")
 	require.NoError(t, b.Publish(ctx, topic, []byte("y")))
+}
+
+// TestEmbeddedNATS_UnderFsyncAWaitingCallersDataIsItsOwnAfterItLeft: a caller whose ctx
+// ends while its event waits may reuse its buffer at once; what is stored, if the
+// event went, is what it published, never what the buffer held later.
+func TestEmbeddedNATS_UnderFsyncAWaitingCallersDataIsItsOwnAfterItLeft(t *testing.T) {
+	b := openFsync(t, "")
+	ctx := testCtx(t)
+	tp := Topic{Tenant: "acme", Table: "t"}
+	p, release := holdPartition(t, b.EmbeddedNATS, "acme")
+	buf := []byte("published")
+	gone, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.Publish(gone, tp, buf) }()
+	waitQueued(t, b.EmbeddedNATS, p, 1)
+	// Taken for sending as if the flush had it already: the caller leaves after.
+	part := &b.commits.parts[p]
+	part.mu.Lock()
+	batch := part.queue
+	part.queue = nil
+	part.mu.Unlock()
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	copy(buf, "overwrite")
+	// The flush read "still waiting" just before the caller left: the event goes.
+	batch[0].left.Store(false)
+	b.commits.sendQueued(p, batch)
+	release()
+	assert.Equal(t, map[string]string{"published": ""}, storedBatchIDs(t, b.EmbeddedNATS, "acme"),
+		"what the caller published, not what its buffer held later")
+	held := b.backlog(t, "acme")
+	assert.Positive(t, held, "the stored event is counted though its caller left")
+	drain(t, b.EmbeddedNATS, 1)
+	assert.Zero(t, b.backlog(t, "acme"), "the budget is exact")
 }
