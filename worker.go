@@ -170,8 +170,9 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	if info.NumAckPending > 0 {
 		// Only this worker pulls the partition now: what is pending is the previous
 		// owner's, and comes back out of sequence order (see backlog).
+		now := time.Now()
 		u.backlog = &backlog{last: info.Delivered.Stream, want: info.NumAckPending, seen: map[uint64]struct{}{},
-			until: time.Now().Add(cmp.Or(cfg.AckWait, c.topo.AckWait) + redeliverySlack)}
+			lastAt: now, until: now.Add(cmp.Or(cfg.AckWait, c.topo.AckWait) + redeliverySlack)}
 	}
 	d.mu.Unlock()
 	opts := []jetstream.PullConsumeOpt{

@@ -91,13 +91,21 @@ type unit struct {
 // expired events behind those already waiting (nats-server v2.15.2,
 // consumer.loopAndGatherMsgs and checkPending; measured: a tenant's event 0 came
 // after its 1 and 2, in another pull). The lanes only order what they hold, so the
-// partition's lanes wait until every one of them arrived, or an ack wait passed.
+// partition's lanes wait until the queue is drained: every pending event arrived, or
+// a new one did (the server serves its redelivery queue first), or none arrived for
+// backlogQuiet (the rest is held elsewhere, by a host or in flight, and comes by the
+// ack wait), or an ack wait passed.
 type backlog struct {
-	last  uint64              // the stream sequence last delivered at the take
-	want  int                 // events pending at the take
-	seen  map[uint64]struct{} // those of them arrived
-	until time.Time
+	last   uint64              // the stream sequence last delivered at the take
+	want   int                 // events pending at the take
+	seen   map[uint64]struct{} // those of them arrived
+	lastAt time.Time           // the take, or the latest arrival since
+	until  time.Time
 }
+
+// backlogQuiet is how long a taken partition's pull may bring nothing before its
+// redelivery queue counts as drained: a pull's next batch follows within a round trip.
+const backlogQuiet = 250 * time.Millisecond
 
 func (u *unit) isReleasing() bool { return u.releasing.Load() }
 
@@ -222,9 +230,12 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		return
 	}
 	delete(u.returned, e.seq) // redelivered while the host holds it: at least once
-	if b := u.backlog; b != nil && e.seq <= b.last {
-		b.seen[e.seq] = struct{}{}
-		if len(b.seen) >= b.want {
+	if b := u.backlog; b != nil {
+		b.lastAt = time.Now()
+		if e.seq <= b.last {
+			b.seen[e.seq] = struct{}{}
+		}
+		if e.seq > b.last || len(b.seen) >= b.want {
 			d.endBacklog(u)
 		}
 	}
@@ -435,9 +446,7 @@ func (d *dispatcher) keepAlive() {
 		tick.Reset(period)
 		now := time.Now()
 		for _, u := range d.units {
-			if b := u.backlog; b != nil && now.After(b.until) {
-				d.core.log.Warn("mq: events pending when the partition was taken did not all come back; its tenants go on",
-					"stream", u.stream, "pending", b.want, "arrived", len(b.seen))
+			if b := u.backlog; b != nil && (now.After(b.until) || now.Sub(b.lastAt) > backlogQuiet) {
 				d.endBacklog(u)
 			}
 		}
