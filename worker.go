@@ -162,10 +162,18 @@ func (d *dispatcher) pull(u *unit) error {
 // consume pulls cons for u until the release of u, or until the pull ends by itself.
 func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	c := d.core
-	cfg := cons.CachedInfo().Config
+	info := cons.CachedInfo()
+	cfg := info.Config
 	// u is filed already: keepAlive reads its ack wait under d.mu.
 	d.mu.Lock()
 	u.ackWait = cfg.AckWait
+	if info.NumAckPending > 0 {
+		// Only this worker pulls the partition now: what is pending is the previous
+		// owner's, and comes back out of sequence order (see backlog).
+		now := time.Now()
+		u.backlog = &backlog{last: info.Delivered.Stream, want: info.NumAckPending, seen: map[uint64]struct{}{},
+			lastAt: now, until: now.Add(cmp.Or(cfg.AckWait, c.topo.AckWait) + redeliverySlack)}
+	}
 	d.mu.Unlock()
 	opts := []jetstream.PullConsumeOpt{
 		jetstream.PullMaxMessages(d.share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),

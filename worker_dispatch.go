@@ -82,7 +82,31 @@ type unit struct {
 	// unsettled: release found events of u pending that it could not hand back
 	// (see release); the next owner must wait an ack wait for them.
 	unsettled atomic.Bool
+	backlog   *backlog // under dispatcher.mu; nil once every event pending at the take arrived
 }
+
+// backlog is what a partition had pending when this worker took it: the events its
+// previous owner handed back or left to the ack wait. The server redelivers them from
+// a queue that is not in sequence order: it puts an event it could not deliver (no
+// pull waiting, or one nobody listens to any more) back at the end, and queues
+// expired events behind those already waiting (nats-server v2.15.2,
+// consumer.loopAndGatherMsgs and checkPending; measured: a tenant's event 0 came
+// after its 1 and 2, in another pull). The lanes only order what they hold, so the
+// partition's lanes wait until the queue is drained: every pending event arrived, or
+// a new one did (the server serves its redelivery queue first), or none arrived for
+// backlogQuiet (the rest is held elsewhere, by a host or in flight, and comes by the
+// ack wait), or an ack wait passed.
+type backlog struct {
+	last   uint64              // the stream sequence last delivered at the take
+	want   int                 // events pending at the take
+	seen   map[uint64]struct{} // those of them arrived
+	lastAt time.Time           // the take, or the latest arrival since
+	until  time.Time
+}
+
+// backlogQuiet is how long a taken partition's pull may bring nothing before its
+// redelivery queue counts as drained: a pull's next batch follows within a round trip.
+const backlogQuiet = 250 * time.Millisecond
 
 func (u *unit) isReleasing() bool { return u.releasing.Load() }
 
@@ -214,6 +238,15 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		return
 	}
 	delete(u.returned, e.seq) // redelivered while the host holds it: at least once
+	if b := u.backlog; b != nil {
+		b.lastAt = time.Now()
+		if e.seq <= b.last {
+			b.seen[e.seq] = struct{}{}
+		}
+		if e.seq > b.last || len(b.seen) >= b.want {
+			d.endBacklog(u)
+		}
+	}
 	for {
 		l := d.lanes[TenantID(tenant)]
 		if l == nil {
@@ -229,11 +262,11 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			return
 		case l.blocked != nil && l.blocked.seq == e.seq:
 			d.unblock(u, l)
-		case l.blocked == nil && u.waiting >= d.waitLimit():
+		case l.blocked == nil && u.backlog == nil && u.waiting >= d.waitLimit():
 			// Backpressure: the pull waits while the partition has a full batch
 			// waiting for a handler. Events held behind a retry do not count, so a
 			// held tenant never stops the others of its partition; they are bounded
-			// by the durable's MaxAckPending.
+			// by the durable's MaxAckPending, as are those held for the backlog.
 			d.room.Wait()
 			if d.over() || u.releasing.Load() {
 				d.late(u, e)
@@ -305,7 +338,7 @@ func (d *dispatcher) enqueue(l *lane) bool {
 	if l.ready || l.running != nil || l.blocked != nil || len(l.queue) == 0 {
 		return false
 	}
-	if u := d.units[l.part]; u != nil && u.releasing.Load() {
+	if u := d.units[l.part]; u != nil && (u.releasing.Load() || u.backlog != nil) {
 		return false
 	}
 	l.ready = true
@@ -329,7 +362,7 @@ func (d *dispatcher) runLanes() {
 		d.ready = d.ready[1:]
 		l.ready = false
 		u := d.units[l.part]
-		if u == nil || u.releasing.Load() || len(l.queue) == 0 {
+		if u == nil || u.releasing.Load() || u.backlog != nil || len(l.queue) == 0 {
 			continue
 		}
 		e := l.queue[0]
@@ -379,6 +412,16 @@ func (d *dispatcher) runLanes() {
 	}
 }
 
+// endBacklog lets partition u's lanes run. Called with d.mu held.
+func (d *dispatcher) endBacklog(u *unit) {
+	u.backlog = nil
+	for _, l := range d.lanes {
+		if l.part == u.p {
+			d.schedule(l)
+		}
+	}
+}
+
 // observe hears of a settle the handler made, during its call or after.
 func (d *dispatcher) observe(u *unit, e *entry, kind settled) {
 	d.mu.Lock()
@@ -422,6 +465,11 @@ func (d *dispatcher) keepAlive() {
 		}
 		tick.Reset(period)
 		now := time.Now()
+		for _, u := range d.units {
+			if b := u.backlog; b != nil && (now.After(b.until) || now.Sub(b.lastAt) > backlogQuiet) {
+				d.endBacklog(u)
+			}
+		}
 		for _, l := range d.lanes {
 			if l.blocked != nil && now.After(l.until) {
 				d.core.log.Warn("mq: a retried event did not come back; its tenant goes on",
