@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 var setPropagator sync.Once
@@ -224,4 +225,68 @@ func TestSpan_AnInputRefusalMakesNoSpanForPublishOrABatch(t *testing.T) {
 	require.ErrorIs(t, e.PublishBatch(ctx, full), ErrQueueFull)
 	sends := ended(t, rec, "send wh.ingest.{partition}.{tenant}.{table}", 1)
 	assert.Equal(t, "mq.ErrQueueFull", attrs(sends[0])[semconv.ErrorTypeKey].AsString())
+}
+
+// A broker on the global provider, opened before the host set one, passes the
+// caller's trace through to the handler without spans of its own, and records its
+// spans once the host sets a provider. Only this test sets the global provider.
+func TestTrace_GlobalProviderPassesTheTraceOnUntilSetThenRecordsSpans(t *testing.T) {
+	if !otelDefault(otel.GetTracerProvider()) {
+		t.Skip("a global tracer provider was set earlier in this process")
+	}
+	setPropagator.Do(func() { otel.SetTextMapPropagator(propagation.TraceContext{}) })
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "orders"}
+	got := make(chan trace.SpanContext, 2)
+	c, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	stop, _, err := c.Consume(func(m *Message) error {
+		got <- trace.SpanContextFromContext(m.Ctx)
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	delivered := func() trace.SpanContext {
+		t.Helper()
+		select {
+		case sc := <-got:
+			return sc
+		case <-ctx.Done():
+			t.Fatal("no delivery")
+			return trace.SpanContext{}
+		}
+	}
+
+	// The caller's trace, as an incoming request carries it.
+	caller := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled, Remote: true,
+	})
+	require.NoError(t, e.Publish(trace.ContextWithRemoteSpanContext(ctx, caller), topic, []byte("before")))
+	sc := delivered()
+	assert.Equal(t, caller.TraceID(), sc.TraceID(), "the handler's ctx is in the caller's trace")
+	assert.Equal(t, caller.SpanID(), sc.SpanID(), "with no span of the broker's between them")
+
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() {
+		_ = tp.Shutdown(context.Background())
+		otel.SetTracerProvider(noop.NewTracerProvider()) // nothing records for later tests
+	})
+	require.NoError(t, e.Publish(trace.ContextWithRemoteSpanContext(ctx, caller), topic, []byte("after")))
+	sc = delivered()
+	sends := ended(t, rec, "send wh.ingest.{partition}.{tenant}.{table}", 1)
+	require.Len(t, sends, 1, "a publish after the provider was set makes its producer span")
+	assert.Equal(t, caller.SpanID(), sends[0].Parent().SpanID())
+	procs := ended(t, rec, "process wh.ingest.{partition}.{tenant}.{table}", 1)
+	assert.Equal(t, procs[0].SpanContext().SpanID(), sc.SpanID(), "the handler's ctx carries the consumer span")
+	assert.Equal(t, sends[0].SpanContext().SpanID(), procs[0].Parent().SpanID())
+}
+
+func TestOtelDefault_KnowsOnlyOtelsOwnGlobalProvider(t *testing.T) {
+	assert.False(t, otelDefault(noop.NewTracerProvider()))
+	assert.False(t, otelDefault(sdktrace.NewTracerProvider()))
+	assert.False(t, otelDefault(nil))
 }
