@@ -257,8 +257,9 @@ func (e *EmbeddedNATS) storedEvent(subject string, h nats.Header, dataLen int) (
 }
 
 // settler releases the budget of the event at ref once the worker acknowledged it.
-func (e *EmbeddedNATS) settler(m jetstream.Msg, ref eventRef) Settler {
-	return budgetSettler{Msg: m, budgets: e.budgets, ref: ref}
+func (e *EmbeddedNATS) settler(m jetstream.Msg, ref eventRef, into *budgetSettler) Settler {
+	*into = budgetSettler{Msg: m, budgets: e.budgets, ref: ref}
+	return into
 }
 
 type budgetSettler struct {

@@ -154,7 +154,14 @@ type operation struct {
 const system messagingconv.SystemAttr = "nats"
 
 func (m *instruments) startOp(span trace.Span, name string, typ messagingconv.OperationTypeAttr, attrs []attribute.KeyValue) *operation {
-	return &operation{Span: span, m: m, start: time.Now(), name: name, typ: typ, attrs: attrs}
+	o := new(operation)
+	m.initOp(o, span, name, typ, attrs)
+	return o
+}
+
+// initOp starts operation o, which the caller allocated.
+func (m *instruments) initOp(o *operation, span trace.Span, name string, typ messagingconv.OperationTypeAttr, attrs []attribute.KeyValue) {
+	*o = operation{Span: span, m: m, start: time.Now(), name: name, typ: typ, attrs: attrs}
 }
 
 // end ends the span with err and records the operation: its duration, and its

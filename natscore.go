@@ -45,8 +45,10 @@ type natsCore struct {
 	// settler wraps each message the worker receives, so a broker can observe its
 	// settlement (EmbeddedNATS releases the tenant's budget on ack).
 	// ref is where the worker read m (partition -1 when its metadata did not parse),
-	// so the message's metadata is parsed once per delivery.
-	settler func(m jetstream.Msg, ref eventRef) Settler
+	// so the message's metadata is parsed once per delivery. into is storage the
+	// caller owns for a settler of EmbeddedNATS's (the worker's delivery entry), so
+	// wrapping allocates nothing.
+	settler func(m jetstream.Msg, ref eventRef, into *budgetSettler) Settler
 	// lostTopology is told when a publish finds its stream gone or its subject held
 	// by another stream.
 	lostTopology func(stream string, err error)
@@ -69,7 +71,7 @@ func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *
 	c := &natsCore{
 		topo: topo, subs: topo.subjects(), nc: nc, js: js, log: log, tracer: tracer, metrics: metrics,
 		deadLetters:  topo.DeadLetterStream(),
-		settler:      func(m jetstream.Msg, _ eventRef) Settler { return m },
+		settler:      func(m jetstream.Msg, _ eventRef, _ *budgetSettler) Settler { return m },
 		lostTopology: func(string, error) {},
 		stoppers:     make(map[int]func()),
 		parts:        make(map[*part]struct{}),

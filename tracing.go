@@ -207,7 +207,7 @@ func (c *natsCore) processStarts(durable string) []*processStart {
 // it returns keeps base's cancellation and values. The delivery's own attributes (its
 // attempt and message id) are set only on a span that records: a sampler sees the
 // ones every call shares.
-func (c *natsCore) startProcess(base context.Context, s *processStart, msg *Message) (context.Context, *operation) {
+func (c *natsCore) startProcess(base context.Context, s *processStart, msg *Message, o *operation) context.Context {
 	producer := trace.SpanContextFromContext(otel.GetTextMapPropagator().Extract(context.Background(), headerCarrier(msg.Headers)))
 	parent, opts := base, s.opts
 	if producer.IsValid() {
@@ -221,7 +221,7 @@ func (c *natsCore) startProcess(base context.Context, s *processStart, msg *Mess
 			span.SetAttributes(semconv.MessagingMessageID(msg.ID))
 		}
 	}
-	o := c.metrics.startOp(span, opProcess, messagingconv.OperationTypeProcess, s.measured)
+	c.metrics.initOp(o, span, opProcess, messagingconv.OperationTypeProcess, s.measured)
 	o.messages = 1
 	if c.metrics.tenants {
 		o.tenant = msg.Topic().Tenant // only counters with MetricsTenants carry it
@@ -230,9 +230,9 @@ func (c *natsCore) startProcess(base context.Context, s *processStart, msg *Mess
 	// only, so cancellation stays the consumer's. Without a span (globalTracer) it
 	// carries the producer's span context as a span that records nothing would.
 	if span == noSpan {
-		return parent, o
+		return parent
 	}
-	return trace.ContextWithSpan(base, span), o
+	return trace.ContextWithSpan(base, span)
 }
 
 // startReplay starts the client span of one ReplaySince on partition's topics, read

@@ -128,10 +128,17 @@ type entry struct {
 	settler Settler // the broker's (budget-aware), without the handler's observer
 	// settle is msg's settler: settler observed by the dispatcher. Kept here, not
 	// boxed, with d and u for its observer, so a delivery allocates neither.
-	settle   settlement
-	d        *dispatcher
-	u        *unit
-	msg      *Message
+	settle  settlement
+	d       *dispatcher
+	u       *unit
+	msg     *Message // &message
+	message Message
+	// op is the consumer span and metrics of the delivery's handler call, and tries
+	// its record of attempts when this worker saw none before: kept in the entry, so
+	// a delivery that is acked at once allocates neither.
+	op       operation
+	tries    tries
+	budget   budgetSettler // settler's storage on EmbeddedNATS
 	part     int
 	seq      uint64
 	attempt  int
@@ -227,9 +234,10 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		e.seq, e.attempt, ts = meta.Sequence.Stream, int(meta.NumDelivered), meta.Timestamp
 		ref = eventRef{u.p, e.seq}
 	}
-	e.settler = d.core.settler(m, ref)
+	e.settler = d.core.settler(m, ref, &e.budget)
 	e.settle = settlement{Settler: e.settler, core: d.core, subject: m.Subject(), observer: e}
-	e.msg = d.core.delivered(d.ctx, m, ts, e.attempt, e.seq, &e.settle)
+	e.msg = &e.message
+	d.core.deliveredInto(e.msg, d.ctx, m, ts, e.attempt, e.seq, &e.settle)
 	tenant, _, _ := strings.Cut(e.msg.key, ".") // a key's first token is its tenant
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -359,7 +367,11 @@ func (d *dispatcher) runLanes() {
 			return
 		}
 		l := d.ready[0]
-		d.ready = d.ready[1:]
+		// Shifted down rather than resliced, so the list keeps its array (measured:
+		// one allocation per delivery otherwise, as appends outran the front).
+		n := copy(d.ready, d.ready[1:])
+		d.ready[n] = nil
+		d.ready = d.ready[:n]
 		l.ready = false
 		u := d.units[l.part]
 		if u == nil || u.releasing.Load() || u.backlog != nil || len(l.queue) == 0 {
@@ -371,12 +383,14 @@ func (d *dispatcher) runLanes() {
 		u.running++
 		u.waiting--
 		d.room.Broadcast()
+		now := time.Now()
 		t := d.tries[eventRef{e.part, e.seq}]
 		if t == nil {
-			t = &tries{first: time.Now()}
-			d.tries[eventRef{e.part, e.seq}] = t
+			// Filed in d.tries after the call if the event is still unsettled.
+			e.tries = tries{first: now}
+			t = &e.tries
 		}
-		t.last = time.Now()
+		t.last = now
 		d.mu.Unlock()
 		hold := d.run(e, t)
 		d.mu.Lock()
@@ -398,6 +412,8 @@ func (d *dispatcher) runLanes() {
 		}
 		if e.acked {
 			delete(d.tries, eventRef{e.part, e.seq})
+		} else if t == &e.tries {
+			d.tries[eventRef{e.part, e.seq}] = t // for its next attempt
 		}
 		if u.running == 0 && u.releasing.Load() {
 			close(u.idle)

@@ -23,7 +23,8 @@ const maxDeadErrorLen = 1024
 func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 	// The attempt's consumer span covers the handler and a park; Message.Ctx carries
 	// it, still cancelled with the CreateConsumer ctx.
-	ctx, span := d.core.startProcess(d.ctx, d.starts[e.part], e.msg)
+	span := &e.op
+	ctx := d.core.startProcess(d.ctx, d.starts[e.part], e.msg, span)
 	e.msg.Ctx = ctx
 	var err error
 	defer func() { span.end(err) }()
