@@ -167,13 +167,16 @@ func (c *natsCore) sendBatch(ctx context.Context, b outBatch) []stored {
 // against 4.0k pipelined). A chunk refused whole (an id already stored, a limit) goes
 // again pipelined, event by event, so each event gets its own outcome as the contract
 // promises; the message ids keep every event stored once. A chunk smaller than
-// minAtomicChunk is pipelined from the start.
+// minAtomicChunk, or with an event too large for an atomic batch, is pipelined from
+// the start.
 func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 	results := make([]stored, len(b.events))
 	for lo := 0; lo < len(b.events); lo += MaxAtomicBatch {
 		chunk := b
 		chunk.atomic, chunk.events = true, b.events[lo:min(lo+MaxAtomicBatch, len(b.events))]
-		if len(chunk.events) < minAtomicChunk {
+		// A chunk with an event that has no room for the batch's headers (one near
+		// the max payload) would be refused: it is pipelined from the start.
+		if i, _ := c.atomicOverflow(chunk.events); len(chunk.events) < minAtomicChunk || i >= 0 {
 			copy(results[lo:], c.sendPipelined(ctx, chunk.events))
 			continue
 		}
@@ -262,7 +265,7 @@ func (c *natsCore) sendAtomic(ctx context.Context, b outBatch) (results []stored
 
 // mapBatchError maps an atomic batch's failure as mapPublishError maps one event's,
 // plus what only a batch is refused for. The client refusing an event over the max
-// payload is not expected (prepareBatch checks atomicOverflow first),
+// payload is not expected (prepareBatch and sendChunked check atomicOverflow first),
 // but it is mapped all the same.
 func (c *natsCore) mapBatchError(b outBatch, err error) error {
 	var apiErr *jetstream.APIError
