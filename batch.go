@@ -23,6 +23,9 @@ type Batch struct {
 	// atomic batches refuses an atomic one whole, storing nothing, with an error
 	// wrapping errors.ErrUnsupported. The NATS brokers have them, on partitions with
 	// allow_atomic; on a partition without it the batch is refused with ErrTopology.
+	// There each event also carries the batch's headers (up to 88 bytes), so the
+	// largest event an atomic batch takes is that much smaller than Publish's; a larger
+	// one refuses the batch with ErrPayloadTooLarge, nothing sent.
 	Atomic bool
 }
 

@@ -563,7 +563,8 @@ func (e *EmbeddedNATS) DeleteDeadLetters(ctx context.Context, tenant TenantID, s
 }
 
 // PublishBatch stores b's events on the tenant's partition (see [BatchPublisher]),
-// the tenant's budget reserved for the whole batch before anything is sent.
+// the tenant's budget reserved for the whole batch before anything is sent. As in
+// Publish, what a panic leaves unsettled is given back.
 func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
 	out, err := e.core.prepareBatch(ctx, b)
 	if err != nil || len(out.events) == 0 {
@@ -582,9 +583,18 @@ func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
 	if err != nil {
 		return fmt.Errorf("publish batch: %w", err)
 	}
+	// A panic in the send (a caller's ctx may do anything) gives back what was not
+	// settled yet; on the way out without a panic every reservation is settled.
+	settled := 0
+	defer func() {
+		for _, r := range rs[settled:] {
+			e.budgets.cancel(r)
+		}
+	}()
 	results := e.core.sendBatch(ctx, out)
 	for i, r := range results {
 		e.settleReserved(out.part, rs[i], r)
+		settled = i + 1
 	}
 	return batchError(results)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -202,6 +204,18 @@ func headerBlock(lines ...string) int {
 	return n
 }
 
+// payloadRoom is the largest payload c's server takes in an event to stream with
+// message id msgID and the header lines more: the client adds the expected stream.
+func payloadRoom(c *natsCore, stream, msgID string, more ...string) int {
+	return int(c.nc.MaxPayload()) - headerBlock(append([]string{"Nats-Msg-Id: " + msgID, "Nats-Expected-Stream: " + stream}, more...)...)
+}
+
+// lastInAtomicBatch are the header lines an atomic batch adds to its last event, the
+// seq-th: the batch's id (a nuid), the event's sequence in it, and the commit.
+func lastInAtomicBatch(seq int) []string {
+	return []string{"Nats-Batch-Id: " + nuid.Next(), "Nats-Batch-Sequence: " + strconv.Itoa(seq), "Nats-Batch-Commit: 1"}
+}
+
 // Times at the edges of what an int64 of nanoseconds since 1970 holds, which is what
 // JetStream compares stored times in.
 var (
@@ -257,11 +271,13 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 	require.NoError(t, err)
 
 	limit := int(r.core.nc.MaxPayload())
-	// An idempotency key fixes the message id's length; the client adds the expected
-	// stream.
-	publishRoom := limit - headerBlock("Nats-Msg-Id: acme.edge-x", "Nats-Expected-Stream: "+r.core.partitions[p])
-	parkRoom := limit - headerBlock("Nats-Msg-Id: acme.edge-x", "Nats-Expected-Stream: "+r.core.deadLetters)
+	// An idempotency key fixes the message id's length.
+	publishRoom := payloadRoom(r.core, r.core.partitions[p], "acme.edge-x")
+	parkRoom := payloadRoom(r.core, r.core.deadLetters, "acme.edge-x")
+	// This is the room of the last event of an atomic batch of fewer than 10.
+	atomicRoom := payloadRoom(r.core, r.core.partitions[p], "acme.edge-x", lastInAtomicBatch(1)...)
 	largestPublish := bytes.Repeat([]byte("P"), publishRoom)
+	largestAtomic := bytes.Repeat([]byte("A"), atomicRoom)
 	largestPark := bytes.Repeat([]byte("D"), parkRoom)
 
 	var rows []inputRow
@@ -358,6 +374,16 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 		inputRow{name: "Publish of the largest payload the server takes", call: func() error {
 			return r.b.Publish(ctx, topic, largestPublish, WithIdempotencyKey("edge-x"))
 		}},
+		inputRow{name: "PublishBatch atomic of the largest payload the server takes in one", call: func() error {
+			return r.b.PublishBatch(ctx, Batch{Tenant: tenant, Atomic: true,
+				Events: []BatchEvent{{Table: topic.Table, Data: largestAtomic, Options: []PublishOpt{WithIdempotencyKey("edge-a")}}}})
+		}},
+		inputRow{name: "PublishBatch atomic whose last event is one byte over it", want: ErrPayloadTooLarge, call: func() error {
+			return r.b.PublishBatch(ctx, Batch{Tenant: tenant, Atomic: true, Events: []BatchEvent{
+				{Table: topic.Table, Data: []byte("never-stored")},
+				{Table: topic.Table, Data: make([]byte, atomicRoom+1), Options: []PublishOpt{WithIdempotencyKey("edge-b")}},
+			}})
+		}},
 		inputRow{name: "DeadLetter of the largest payload the server takes", call: func() error {
 			return r.b.DeadLetter(ctx, NewMessage(ctx, topic, largestPark), WithIdempotencyKey("edge-x"))
 		}},
@@ -433,7 +459,7 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 	}
 
 	assert.Equal(t, int64(budget), r.b.MaxBytes(tenant), "the budget is as it was set")
-	wantStored := []string{"before-0", "before-1", "before-2", short(largestPublish)}
+	wantStored := []string{"before-0", "before-1", "before-2", short(largestPublish), short(largestAtomic)}
 	assert.Equal(t, append([]string{"left"}, wantStored...), drainBroker(t, r.b, len(wantStored)+1),
 		"what the worker gets: everything stored before and not acknowledged, and the largest event")
 	var replayed []string

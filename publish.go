@@ -31,6 +31,9 @@ type outgoing struct {
 	subject, stream string
 	header          Headers
 	data            []byte
+	// wire is its size as nats.go counts it against the server's max payload
+	// (wireSize), as a single publish sends it.
+	wire int
 	// span is the send's producer span, whose context header carries: the caller
 	// ends it with the send's outcome (operation.end), which records its metrics.
 	span *operation
@@ -62,11 +65,12 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	// values share one array (measured: one allocation fewer per Publish).
 	added := []string{id, stream}
 	h[HeaderIdempotencyKey], h[jetstream.ExpectedStreamHeader] = added[0:1:1], added[1:2:2]
-	if size, limit := wireSize(h, stream, data), c.nc.MaxPayload(); int64(size) > limit {
+	size, limit := wireSize(h, stream, data), c.nc.MaxPayload()
+	if int64(size) > limit {
 		return outgoing{}, fmt.Errorf("%w: %s: %d bytes with headers, the server accepts %d",
 			ErrPayloadTooLarge, subject, size, limit)
 	}
-	return outgoing{subject: subject, stream: stream, header: h, data: data}, nil
+	return outgoing{subject: subject, stream: stream, header: h, data: data, wire: size}, nil
 }
 
 // noRetries turns off jetstream's own retries: send retries with its own bound. One

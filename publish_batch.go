@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
@@ -95,7 +96,52 @@ func (c *natsCore) prepareBatch(ctx context.Context, b Batch) (outBatch, error) 
 			return outBatch{}, err
 		}
 	}
+	if !b.Atomic {
+		return out, nil
+	}
+	if i, size := c.atomicOverflow(out.events); i >= 0 {
+		err := fmt.Errorf("publish batch: event %d: %w: %s: %d bytes with headers, the atomic batch's included, the server accepts %d",
+			i, ErrPayloadTooLarge, out.events[i].subject, size, c.nc.MaxPayload())
+		span.end(err)
+		return outBatch{}, err
+	}
 	return out, nil
+}
+
+// atomicOverflow returns the first of events the server would refuse as too large
+// once sent as one atomic batch, with its size then; i is -1 when every event fits.
+func (c *natsCore) atomicOverflow(events []outgoing) (i, size int) {
+	limit := c.nc.MaxPayload()
+	for i, ev := range events {
+		if size := ev.wire + atomicHeaders(i, len(events)); int64(size) > limit {
+			return i, size
+		}
+	}
+	return -1, 0
+}
+
+// atomicHeaders is what jetstreamext's PublishMsgBatch adds to the header block of
+// the i-th of n events: the batch's id (a nuid), the event's sequence in the batch
+// from 1, and on the last event the commit ("1"); each a "name: value\r\n" line.
+func atomicHeaders(i, n int) int {
+	const line = len(": \r\n")
+	size := len(jetstreamext.BatchIDHeader) + line + batchIDLen + len(jetstreamext.BatchSeqHeader) + line + digits(i+1)
+	if i == n-1 {
+		size += len(jetstreamext.BatchCommitHeader) + line + len("1")
+	}
+	return size
+}
+
+// batchIDLen is the length of an atomic batch's id, a nuid.
+var batchIDLen = len(nuid.Next())
+
+// digits is the length of n >= 0 in decimal.
+func digits(n int) int {
+	d := 1
+	for ; n >= 10; n /= 10 {
+		d++
+	}
+	return d
 }
 
 // sendBatch sends b and reports each event's outcome, in b's order.
@@ -121,13 +167,16 @@ func (c *natsCore) sendBatch(ctx context.Context, b outBatch) []stored {
 // against 4.0k pipelined). A chunk refused whole (an id already stored, a limit) goes
 // again pipelined, event by event, so each event gets its own outcome as the contract
 // promises; the message ids keep every event stored once. A chunk smaller than
-// minAtomicChunk is pipelined from the start.
+// minAtomicChunk, or with an event too large for an atomic batch, is pipelined from
+// the start.
 func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 	results := make([]stored, len(b.events))
 	for lo := 0; lo < len(b.events); lo += MaxAtomicBatch {
 		chunk := b
 		chunk.atomic, chunk.events = true, b.events[lo:min(lo+MaxAtomicBatch, len(b.events))]
-		if len(chunk.events) < minAtomicChunk {
+		// A chunk with an event that has no room for the batch's headers (one near
+		// the max payload) would be refused: it is pipelined from the start.
+		if i, _ := c.atomicOverflow(chunk.events); len(chunk.events) < minAtomicChunk || i >= 0 {
 			copy(results[lo:], c.sendPipelined(ctx, chunk.events))
 			continue
 		}
@@ -215,7 +264,9 @@ func (c *natsCore) sendAtomic(ctx context.Context, b outBatch) (results []stored
 }
 
 // mapBatchError maps an atomic batch's failure as mapPublishError maps one event's,
-// plus what only a batch is refused for.
+// plus what only a batch is refused for. The client refusing an event over the max
+// payload is not expected (prepareBatch and sendChunked check atomicOverflow first),
+// but it is mapped all the same.
 func (c *natsCore) mapBatchError(b outBatch, err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
@@ -226,6 +277,9 @@ func (c *natsCore) mapBatchError(b outBatch, err error) error {
 		case jsErrAtomicTooLarge:
 			return fmt.Errorf("%w: stream %s refused an atomic batch of %d events: %w", ErrPayloadTooLarge, b.events[0].stream, len(b.events), err)
 		}
+	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return fmt.Errorf("%w: an event of an atomic batch of %d to stream %s: %w", ErrPayloadTooLarge, len(b.events), b.events[0].stream, err)
 	}
 	return c.mapPublishError(b.events[0], err)
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +81,33 @@ func TestEmbeddedNATS_PublishBatchStoresEveryEventOnceInBatchOrder(t *testing.T)
 			return used["acme"] == 0
 		}, 10*time.Second, 20*time.Millisecond, "each acked event gives its bytes back")
 	})
+}
+
+// TestEmbeddedNATS_APublishBatchThatPanicsAfterReservingHoldsNothing is
+// TestEmbeddedNATS_APublishThatPanicsAfterReservingHoldsNothing for a batch, in both
+// forms and both sync settings: under fsync a batch that need not be atomic goes as
+// atomic chunks, from minAtomicChunk events on. The ctx's Done is first called once
+// the batch is reserved, as it is sent or its answers awaited. A pipelined batch may
+// be stored before the panic: as for any publish whose outcome is unknown, its bytes
+// are given back, and a reopen counts what was stored.
+func TestEmbeddedNATS_APublishBatchThatPanicsAfterReservingHoldsNothing(t *testing.T) {
+	for _, noSync := range []bool{true, false} {
+		t.Run(map[bool]string{true: "NoSync", false: "fsync"}[noSync], func(t *testing.T) {
+			batchForms(t, func(t *testing.T, atomic bool) {
+				b := openMetered(t, "", func(o *EmbeddedOptions) { o.NoSync = noSync })
+				ctx := testCtx(t)
+				topic := Topic{Tenant: "acme", Table: "t"}
+				data := []byte("payload")
+				size := oneEventBytes(t, b, topic, data)
+				batch := Batch{Tenant: topic.Tenant, Atomic: atomic,
+					Events: slices.Repeat([]BatchEvent{{Table: topic.Table, Data: data}}, minAtomicChunk)}
+				require.NoError(t, b.SetMaxBytes(ctx, "acme", size*minAtomicChunk))
+				require.PanicsWithValue(t, "mq test: Done called", func() { _ = b.PublishBatch(panicOnDone{ctx}, batch) })
+				assert.Zero(t, b.backlog(t, "acme"), "the panicked batch holds nothing")
+				require.NoError(t, b.PublishBatch(ctx, batch), "the whole budget is free")
+			})
+		})
+	}
 }
 
 func TestEmbeddedNATS_ABatchOverTheTenantsBudgetIsRefusedWholeAndStoresNothing(t *testing.T) {

@@ -3,6 +3,7 @@
 package mq
 
 import (
+	"bytes"
 	"strconv"
 	"testing"
 
@@ -61,4 +62,41 @@ func TestEmbeddedNATS_UnderFsyncABatchGoesAsAtomicChunksAndAChunkThatFailsEventB
 			}
 		})
 	}
+}
+
+// TestEmbeddedNATS_UnderFsyncAnEventOfTheLargestSizePublishTakesIsStoredOnEveryPath:
+// an event at the exact size Publish takes has no room for an atomic batch's headers.
+// Under fsync a batch that need not be atomic, and publishes grouped while they wait,
+// go as atomic chunks; one holding such an event still stores every event once,
+// never refused with the client's own error.
+func TestEmbeddedNATS_UnderFsyncAnEventOfTheLargestSizePublishTakesIsStoredOnEveryPath(t *testing.T) {
+	b := openFsync(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 64<<20))
+	tp := Topic{Tenant: "acme", Table: "t"}
+	_, p, err := b.subs.ingestTopic(tp)
+	require.NoError(t, err)
+	largest := func(key string, fill byte) testEvent {
+		data := bytes.Repeat([]byte{fill}, payloadRoom(b.core, b.core.partitions[p], "acme."+key))
+		return testEvent{topic: tp, data: data, opts: []PublishOpt{WithIdempotencyKey(key)}}
+	}
+	events := plainEvents(minAtomicChunk)
+	events[len(events)-1] = largest("largest-b", 'B')
+	batch := Batch{Tenant: "acme"}
+	for _, ev := range events {
+		batch.Events = append(batch.Events, BatchEvent{Table: tp.Table, Data: ev.data, Options: ev.opts})
+	}
+	require.NoError(t, b.PublishBatch(ctx, batch), "a batch")
+	assert.Len(t, storedBatchIDs(t, b.EmbeddedNATS, "acme"), len(events), "each event of the batch stored once")
+	drain(t, b.EmbeddedNATS, len(events)) // the partition holds only what is not acknowledged
+
+	events = plainEvents(minAtomicChunk)
+	for i := range events {
+		events[i].data = append([]byte("grouped-"), events[i].data...)
+	}
+	events[len(events)-1] = largest("largest-p", 'P')
+	for i, err := range publishTogether(t, b.EmbeddedNATS, "acme", events) {
+		require.NoError(t, err, "grouped publish %d", i)
+	}
+	assert.Len(t, storedBatchIDs(t, b.EmbeddedNATS, "acme"), len(events), "each grouped event stored once")
 }
