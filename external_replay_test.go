@@ -160,3 +160,10 @@ func TestExternalNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
 	t.Parallel()
 	checkSettlingAfterCloseIsErrClosed(t, newExternalFixture(t).broker(t))
 }
+
+func TestReplay_CloseDuringAPullIsErrClosedOnExternalNATS(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	checkCloseDuringAPullIsErrClosed(t, e, e.core, f.admin)
+}
