@@ -288,8 +288,9 @@ type Replayer interface {
 	// sees. It stops when send returns false. Running out is a nil end; a failure
 	// before that is an error, never an early nil: ErrUnavailable when the broker
 	// stops answering (within its own bound on each request, for the NATS brokers
-	// PublishTimeout, whatever ctx allows), ErrInvalidTopic, ErrClosed; a done ctx
-	// returns ctx's error.
+	// PublishTimeout, whatever ctx allows), ErrInvalidTopic, ErrClosed (also for a
+	// replay that Close ended, whatever its request met); a done ctx returns ctx's
+	// error.
 	// since is compared with the Timestamp the replayed messages carry (for the NATS
 	// brokers the history's stored time, a little after Publish returned), so take it
 	// from a delivered Message rather than from the caller's clock. Results are

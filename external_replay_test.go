@@ -79,40 +79,79 @@ func TestReplay_ALostBatchIsAskedForAgainNotEndedEarly(t *testing.T) {
 	assert.Equal(t, want, got, "every event, once each, in order")
 }
 
+// replayThroughOutage replays replayBatch+44 events of a fresh topic on a broker that
+// reaches its server through a proxy, with bound as its PublishTimeout, under a
+// caller's deadline of callerDeadline; once dropAt events were sent (before the
+// replay, for 0) it calls outage with the proxy. It returns what was published, what
+// the replay sent, its error, and the caller's context's error as it returned.
+func replayThroughOutage(t *testing.T, bound, callerDeadline time.Duration, dropAt int, outage func(*loopbackProxy)) (want, got []string, err, callerErr error) {
+	t.Helper()
+	_, p, e := proxiedBroker(t, bound)
+	t.Cleanup(p.cut) // before Close, which drains over a fresh connection
+	setup := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(setup, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "outage"}
+	want = publishReplayable(t, e, topic, replayBatch+44)
+	if dropAt == 0 {
+		outage(p)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), callerDeadline)
+	defer cancel()
+	got = []string{}
+	err = e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
+		got = append(got, string(m.Data))
+		if len(got) == dropAt {
+			outage(p)
+		}
+		return true
+	})
+	return want, got, err, ctx.Err()
+}
+
+// Where a replay is disturbed: as it starts, or once its first batch was sent.
+var replayOutages = []struct {
+	name   string
+	dropAt int // events sent before the server's answers stop arriving
+}{
+	{"AsTheReplayStarts", 0},
+	{"AfterTheFirstBatch", replayBatch},
+}
+
 func TestReplay_AServerThatStopsAnsweringIsUnavailableBeforeTheCallersDeadline(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name   string
-		dropAt int // events sent before the server's answers stop arriving
-	}{
-		{"BeforeTheReplayStarts", 0},
-		{"AfterTheFirstBatch", replayBatch},
-	} {
+	// Each request of the replay, and each wait for its next event, is bounded by
+	// PublishTimeout: a silent server is ErrUnavailable within about one bound. The
+	// caller's deadline is ten of them, so a replay ended by it, not by its own
+	// bound, has the deadline's error and the caller's ctx done.
+	const bound = time.Second
+	for _, c := range replayOutages {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			_, p, e := proxiedBroker(t, 500*time.Millisecond)
-			setup := testCtx(t)
-			require.NoError(t, e.SetMaxBytes(setup, "acme", 1<<20))
-			topic := Topic{Tenant: "acme", Table: "silent"}
-			publishReplayable(t, e, topic, replayBatch+44)
-			if c.dropAt == 0 {
-				p.dropFromServer()
-			}
-			// The caller's deadline is far beyond the broker's own bound.
-			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-			defer cancel()
-			sent := 0
-			err := e.ReplaySince(ctx, topic, time.Time{}, func(*Message) bool {
-				sent++
-				if sent == c.dropAt {
-					p.dropFromServer()
-				}
-				return true
-			})
+			_, got, err, callerErr := replayThroughOutage(t, bound, 10*bound, c.dropAt, (*loopbackProxy).dropFromServer)
 			require.ErrorIs(t, err, ErrUnavailable)
-			require.NoError(t, ctx.Err(), "the replay waited for the caller's deadline, not its own bound: %v", err)
-			assert.Equal(t, c.dropAt, sent)
-			p.cut() // Close drains over a fresh connection
+			require.NoError(t, callerErr, "the replay waited for the caller's deadline, not its own bound: %v", err)
+			assert.Len(t, got, c.dropAt)
+		})
+	}
+}
+
+func TestReplay_AnOutageShorterThanTheRequestBoundIsRiddenOut(t *testing.T) {
+	t.Parallel()
+	// The server's answers are lost for half the replay's request bound: as the replay
+	// starts, a request's answer; after the first batch, the next batch and then the
+	// answer to creating the consumer that asks for it again (sent once the pull's wait
+	// of replayPullWait and the old consumer's delete ran out). Either request is sent
+	// again once the outage is over, within the same bound.
+	const bound = 9 * time.Second
+	for _, c := range replayOutages {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			want, got, err, _ := replayThroughOutage(t, bound, 60*time.Second, c.dropAt, func(p *loopbackProxy) {
+				p.dropFromServer()
+				time.AfterFunc(bound/2, p.resume)
+			})
+			require.NoError(t, err, "an outage shorter than the request bound ended the replay")
+			assert.Equal(t, want, got, "every event, once each, in order")
 		})
 	}
 }
@@ -120,4 +159,11 @@ func TestReplay_AServerThatStopsAnsweringIsUnavailableBeforeTheCallersDeadline(t
 func TestExternalNATS_SettlingAHeldMessageAfterCloseIsErrClosed(t *testing.T) {
 	t.Parallel()
 	checkSettlingAfterCloseIsErrClosed(t, newExternalFixture(t).broker(t))
+}
+
+func TestReplay_CloseDuringAPullIsErrClosedOnExternalNATS(t *testing.T) {
+	t.Parallel()
+	f := newExternalFixture(t)
+	e := f.broker(t)
+	checkCloseDuringAPullIsErrClosed(t, e, e.core, f.admin)
 }

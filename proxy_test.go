@@ -52,6 +52,14 @@ func (p *loopbackProxy) dropFromServer() {
 	p.mu.Unlock()
 }
 
+// resume forwards what the server sends again, on the connections still open: what
+// was dropped meanwhile stays lost, as the answers a short outage swallowed are.
+func (p *loopbackProxy) resume() {
+	p.mu.Lock()
+	p.dropping = false
+	p.mu.Unlock()
+}
+
 // cut closes every open connection, as a failed node or network would; connections
 // made afterwards forward everything again.
 func (p *loopbackProxy) cut() {

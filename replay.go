@@ -296,12 +296,19 @@ func (r *replayRun) open(ctx context.Context) (uint64, error) {
 
 // ask runs one request of the replay bounded by PublishTimeout, as a publish bounds
 // each attempt (and by ctx), and sends it again, publishRetryWait apart, while it
-// fails transiently within that bound.
+// fails transiently within that bound. An attempt waits a third of the bound at most,
+// as many attempts as a publish makes: an answer lost in an outage shorter than the
+// bound is asked for again, not waited for until the bound ran out. Sending again is
+// harmless: each request reads, or creates the consumer under the name it already
+// has.
 func (r *replayRun) ask(ctx context.Context, req func(context.Context) error) error {
 	bound, cancel := context.WithTimeout(ctx, r.c.topo.PublishTimeout)
 	defer cancel()
+	each := r.c.topo.PublishTimeout / (publishRetries + 1)
 	for {
-		err := req(bound)
+		attempt, cancelAttempt := context.WithTimeout(bound, each)
+		err := req(attempt)
+		cancelAttempt()
 		if err == nil {
 			return nil
 		}

@@ -146,22 +146,31 @@ func TestReplay_EventsThatLeftTheHistoryDuringTheReplayEndItWithNil(t *testing.T
 
 func TestReplay_CloseDuringAPullIsErrClosed(t *testing.T) {
 	e := openEmbedded(t, "")
+	checkCloseDuringAPullIsErrClosed(t, e, e.core, e.js)
+}
+
+// checkCloseDuringAPullIsErrClosed replays replayBatch+44 events of a fresh topic on
+// b; once the first batch was sent it empties what is left of them, so that the next
+// pull waits on the server, and closes b while it does: the replay ends with
+// ErrClosed, not ErrUnavailable. core is b's; admin purges and reads the history as
+// the operator.
+func checkCloseDuringAPullIsErrClosed(t *testing.T, b Broker, core *natsCore, admin jetstream.JetStream) {
+	t.Helper()
 	ctx := testCtx(t)
-	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	require.NoError(t, b.SetMaxBytes(ctx, "acme", 1<<20))
 	topic := Topic{Tenant: "acme", Table: "closing"}
-	publishReplayable(t, e, topic, replayBatch+44)
-	subject, _, err := e.subs.ingestTopic(topic)
+	publishReplayable(t, b, topic, replayBatch+44)
+	subject, _, err := core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	hist, err := admin.Stream(ctx, core.topo.HistoryStream)
 	require.NoError(t, err)
 	closed := make(chan error, 1)
 	sent := 0
-	err = e.ReplaySince(ctx, topic, time.Time{}, func(*Message) bool {
+	err = b.ReplaySince(ctx, topic, time.Time{}, func(*Message) bool {
 		sent++
 		if sent == replayBatch {
-			// Empty what is left, so the next pull waits; close the broker while it does.
-			hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
-			require.NoError(t, err)
 			require.NoError(t, hist.Purge(ctx, jetstream.WithPurgeSubject(subject)))
-			go func() { closed <- closeWhilePulling(ctx, e, subject) }()
+			go func() { closed <- closeWhilePulling(ctx, hist, subject, b.Close) }()
 		}
 		return true
 	})
@@ -170,18 +179,14 @@ func TestReplay_CloseDuringAPullIsErrClosed(t *testing.T) {
 	require.NoError(t, <-closed)
 }
 
-// closeWhilePulling closes e once a pull of the replay consumer filtered to subject
-// is waiting on the server.
-func closeWhilePulling(ctx context.Context, e *EmbeddedNATS, subject string) error {
-	hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
-	if err != nil {
-		return err
-	}
+// closeWhilePulling calls closeBroker once a pull of the replay consumer on hist
+// filtered to subject is waiting on the server.
+func closeWhilePulling(ctx context.Context, hist jetstream.Stream, subject string, closeBroker func() error) error {
 	for ctx.Err() == nil {
 		infos := hist.ListConsumers(ctx)
 		for ci := range infos.Info() {
 			if ci.Config.FilterSubject == subject && ci.NumWaiting > 0 {
-				return e.Close()
+				return closeBroker()
 			}
 		}
 		time.Sleep(5 * time.Millisecond)

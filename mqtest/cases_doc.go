@@ -374,9 +374,10 @@ import "slices"
 //     context already done returns its error and sends nothing. Publishes: events on
 //     acme/r.
 //
-//   - ReplaySincePullFailureIsAnError: A replay that loses its broker midway (the case
-//     calls Close from inside send) is an error that is not a context's, never an early
-//     nil: losing the broker is not being caught up. Publishes: events on acme/r.
+//   - ReplaySincePullFailureIsAnError: A replay whose broker is closed midway (the case
+//     calls Close from inside send) sends nothing more and ends with an error wrapping
+//     ErrClosed, not a context's (nor ErrUnavailable, or an early nil): a closed broker
+//     is neither a failing one nor being caught up. Publishes: events on acme/r.
 //
 //   - ReplaySinceStopsAfterTheEventSendRefused: Send returning false stops the replay
 //     after exactly that event, with a nil end. Publishes: 10 events on acme/r.

@@ -37,9 +37,10 @@ func replayCases() []testCase {
 		},
 		{
 			name: "ReplaySincePullFailureIsAnError",
-			proves: "A replay that loses its broker midway (the case calls Close from inside " +
-				"send) is an error that is not a context's, never an early nil: losing the " +
-				"broker is not being caught up.",
+			proves: "A replay whose broker is closed midway (the case calls Close from inside " +
+				"send) sends nothing more and ends with an error wrapping ErrClosed, not a " +
+				"context's (nor ErrUnavailable, or an early nil): a closed broker is neither " +
+				"a failing one nor being caught up.",
 			publishes: "events on acme/r",
 			run:       replaySincePullFailure,
 		},
@@ -197,7 +198,9 @@ func replaySincePullFailure(t *testing.T, h Harness) {
 		}
 		return true
 	})
-	require.Error(t, err, "a replay that lost its broker ended as if caught up")
+	require.Error(t, err, "a replay whose broker was closed ended as if caught up")
+	assert.ErrorIs(t, err, mq.ErrClosed, "a replay whose broker was closed midway")
+	assert.NotErrorIs(t, err, mq.ErrUnavailable, "a closed broker is not an unavailable one")
 	assert.False(t, isContextErr(err), "the error is a context's: %v", err)
 	assert.Equal(t, []string{"one"}, sent)
 }
