@@ -17,14 +17,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // The restart matrix of EmbeddedNATS (issue 7): {clean Close, SIGKILL of a child
 // process} x {what the worker did before the restart} x {restart at once, restart after
 // the history caught up and the broker idled} x {the store's first restart, a later
-// one}. After each restart every confirmed event the worker had not acknowledged is
-// delivered, and the budgets and backlog bytes come back as they were.
+// one}, under the default sync setting (an fsync after every write, concurrent
+// publishes grouped into atomic batches) and, for a slice of it, under NoSync. After
+// each restart every confirmed event the worker had not acknowledged is delivered, and
+// the budgets and backlog bytes come back as they were.
 
 // restartPolicy is what the worker does with the events before the restart.
 type restartPolicy string
@@ -36,13 +37,26 @@ const (
 	policyOutOfOrder restartPolicy = "acks-out-of-order" // acks every event but each fifth, so acks run ahead of the floor
 )
 
+// Each tenant's events of a cycle go the three ways a host publishes (see publish).
+const (
+	restartAlone    = 6              // one call at a time
+	restartTogether = minAtomicChunk // calls waiting together: the fewest that go as an atomic batch
+	restartBatched  = minAtomicChunk // one PublishBatch: the fewest that go as an atomic chunk
+)
+
 var (
 	restartTenants  = []TenantID{"acme", "globex"}
 	restartBudget   = int64(1 << 20)
-	restartPerCycle = 40
+	restartPerCycle = len(restartTenants) * (restartAlone + restartTogether + restartBatched)
 	restartAckWait  = 2 * time.Second // so a held event comes back soon after the reopen
 	restartChildEnv = "MQ_RESTART_CHILD_STORE"
 )
+
+// restartEvent is event i of cycle: its id, which is also its data, and its topic.
+func restartEvent(cycle, i int) (string, Topic) {
+	tenant := restartTenants[i%len(restartTenants)]
+	return fmt.Sprintf("%s-c%d-%03d", tenant, cycle, i), Topic{Tenant: tenant, Table: "t" + strconv.Itoa(i%3)}
+}
 
 // restartLoad is one cycle's traffic and the worker's policy, reporting each confirmed
 // publish and each confirmed ack through out.
@@ -54,17 +68,8 @@ type restartLoad struct {
 
 // run publishes the cycle's events, lets the worker apply its policy until every event
 // was delivered once, and returns with the worker still running (the restart stops it).
-func (l restartLoad) run(ctx context.Context, t testing.TB, e *EmbeddedNATS) {
-	ids := make([]string, restartPerCycle)
-	for i := range ids {
-		tenant := restartTenants[i%len(restartTenants)]
-		ids[i] = fmt.Sprintf("%s-c%d-%03d", tenant, l.cycle, i)
-		topic := Topic{Tenant: tenant, Table: "t" + strconv.Itoa(i%3)}
-		if err := e.Publish(ctx, topic, []byte(ids[i])); err != nil {
-			t.Fatalf("publish %s: %v", ids[i], err)
-		}
-		l.out("confirmed", ids[i])
-	}
+func (l restartLoad) run(ctx context.Context, t *testing.T, e *EmbeddedNATS) {
+	ids := l.publish(ctx, t, e)
 	if l.policy == policyIdle {
 		return
 	}
@@ -131,6 +136,65 @@ func (l restartLoad) run(ctx context.Context, t testing.TB, e *EmbeddedNATS) {
 	}
 }
 
+// publish stores the cycle's events, each tenant's in turn the three ways a host
+// publishes: one call at a time; calls that wait together behind a send in flight on
+// the tenant's partition (under fsync, one atomic batch, publish_coalesce.go; under
+// NoSync each goes on its own); and one PublishBatch (under fsync, an atomic chunk;
+// under NoSync, pipelined). Under fsync it checks that the grouped events were stored
+// in atomic batches: the default's path, not only its sync setting, is what the
+// restarts then read back.
+func (l restartLoad) publish(ctx context.Context, t *testing.T, e *EmbeddedNATS) []string {
+	ids := make([]string, restartPerCycle)
+	topics := make([]Topic, restartPerCycle)
+	for i := range ids {
+		ids[i], topics[i] = restartEvent(l.cycle, i)
+	}
+	grouped := map[string]bool{}
+	n := len(restartTenants)
+	for k, tenant := range restartTenants {
+		var together []testEvent
+		batch := Batch{Tenant: tenant}
+		var order []int // the tenant's events in the order they are confirmed
+		for i := k; i < len(ids); i += n {
+			switch j := i / n; {
+			case j < restartAlone:
+				require.NoError(t, e.Publish(ctx, topics[i], []byte(ids[i])), "publish %s", ids[i])
+				l.out("confirmed", ids[i])
+				continue
+			case j < restartAlone+restartTogether:
+				together = append(together, testEvent{topic: topics[i], data: []byte(ids[i])})
+			default:
+				batch.Events = append(batch.Events, BatchEvent{Table: topics[i].Table, Data: []byte(ids[i])})
+			}
+			order = append(order, i)
+			grouped[ids[i]] = true
+		}
+		var errs []error
+		if e.commits != nil {
+			errs = publishTogether(t, e, tenant, together)
+		} else {
+			errs = publishAll(ctx, e, together)()
+		}
+		for i, err := range errs {
+			require.NoError(t, err, "publish %s", together[i].data)
+		}
+		require.NoError(t, e.PublishBatch(ctx, batch), "publish batch of %s", tenant)
+		for _, i := range order {
+			l.out("confirmed", ids[i])
+		}
+		if e.commits == nil {
+			continue
+		}
+		stored := storedBatchIDs(t, e, tenant)
+		for i := k; i < len(ids); i += n {
+			batchID, ok := stored[ids[i]]
+			require.True(t, ok, "%s is stored", ids[i])
+			require.Equal(t, grouped[ids[i]], batchID != "", "%s stored in an atomic batch", ids[i])
+		}
+	}
+	return ids
+}
+
 // restartLedger is what the host knows before a restart: every confirmed publish and
 // every confirmed ack.
 type restartLedger struct {
@@ -168,33 +232,61 @@ func (r *restartLedger) owed() map[string]bool {
 
 // restartCell is one column of the matrix for one crash mode.
 type restartCell struct {
+	noSync bool // EmbeddedOptions.NoSync; false is the default, an fsync after every write
 	kill   bool
 	policy restartPolicy
 	idle   bool // restart after the history caught up and the broker idled
 }
 
 func (c restartCell) name() string {
-	mode, when := "close", "at-once"
+	sync, mode, when := "fsync", "close", "at-once"
+	if c.noSync {
+		sync = "nosync"
+	}
 	if c.kill {
 		mode = "sigkill"
 	}
 	if c.idle {
 		when = "after-idle"
 	}
-	return mode + "/" + string(c.policy) + "/" + when
+	return sync + "/" + mode + "/" + string(c.policy) + "/" + when
+}
+
+// syncSetting gives a broker the cell's sync setting.
+func (c restartCell) syncSetting(o *EmbeddedOptions) { o.NoSync = c.noSync }
+
+// restartMatrix is every cell under the default sync setting, which is what a host
+// gets, and a slice of them under NoSync: every crash mode and worker policy, restarted
+// at once. NoSync changes two things. The server skips the fsync after each write,
+// which neither a Close (it flushes) nor a SIGKILL (the kernel keeps what the server
+// wrote) can tell apart; and the publish path, which stores everything before the
+// restart whatever its timing. A restart at once reads the store with the most still
+// in flight (acks the server has not written yet, the history's sources mid-copy);
+// a restart after idling waits about 25 s on the history's sources, which no sync
+// setting changes, and running those twice would add about a minute.
+func restartMatrix() []restartCell {
+	var cells []restartCell
+	for _, noSync := range []bool{false, true} {
+		for _, kill := range []bool{false, true} {
+			for _, policy := range []restartPolicy{policyIdle, policyHold, policyNak, policyOutOfOrder} {
+				for _, idle := range []bool{false, true} {
+					if noSync && idle {
+						continue
+					}
+					cells = append(cells, restartCell{noSync: noSync, kill: kill, policy: policy, idle: idle})
+				}
+			}
+		}
+	}
+	return cells
 }
 
 func TestEmbeddedNATS_RestartMatrixDeliversEveryUnacknowledgedEventAndKeepsBudgets(t *testing.T) {
-	for _, kill := range []bool{false, true} {
-		for _, policy := range []restartPolicy{policyIdle, policyHold, policyNak, policyOutOfOrder} {
-			for _, idle := range []bool{false, true} {
-				cell := restartCell{kill: kill, policy: policy, idle: idle}
-				t.Run(cell.name(), func(t *testing.T) {
-					t.Parallel()
-					cell.run(t)
-				})
-			}
-		}
+	for _, cell := range restartMatrix() {
+		t.Run(cell.name(), func(t *testing.T) {
+			t.Parallel()
+			cell.run(t)
+		})
 	}
 }
 
@@ -211,46 +303,47 @@ func (c restartCell) run(t *testing.T) {
 // cycleBeforeRestart runs one cycle's traffic and ends it with the cell's restart
 // mode. It returns each tenant's backlog bytes just before the restart, when known
 // (nil after a kill at once: the child's acks may not all be on disk yet).
-func (c restartCell) cycleBeforeRestart(t *testing.T, dir string, cycle int, ledger *restartLedger) map[string]int64 {
+func (c restartCell) cycleBeforeRestart(t *testing.T, dir string, cycle int, ledger *restartLedger) map[TenantID]int64 {
 	if c.kill {
 		return runRestartChild(t, dir, cycle, c, ledger)
 	}
-	reader := sdkmetric.NewManualReader()
-	e := openEmbedded(t, dir, func(o *EmbeddedOptions) {
-		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		o.MetricsTenants = true
-	})
+	b := openMetered(t, dir, c.syncSetting)
+	backlog := restartCycle(t, b, cycle, c.policy, c.idle, ledger.record)
+	require.NoError(t, b.Close())
+	return backlog
+}
+
+// restartCycle runs cycle's traffic on b (setting the budgets on the first), lets the
+// history catch up if idle, and returns the backlog bytes it then reads by tenant. The
+// worker is left running: the restart ends it.
+func restartCycle(t *testing.T, b meteredBroker, cycle int, policy restartPolicy, idle bool, out func(kind, id string)) map[TenantID]int64 {
 	ctx := restartCtx(t)
 	if cycle == 1 {
 		for _, tenant := range restartTenants {
-			require.NoError(t, e.SetMaxBytes(ctx, tenant, restartBudget))
+			require.NoError(t, b.SetMaxBytes(ctx, tenant, restartBudget))
 		}
 	}
-	restartLoad{cycle: cycle, policy: c.policy, out: ledger.record}.run(ctx, t, e)
-	if c.idle {
-		waitHistoryCopied(t, e.js, e.topo.HistoryStream, uint64(cycle*restartPerCycle))
+	restartLoad{cycle: cycle, policy: policy, out: out}.run(ctx, t, b.EmbeddedNATS)
+	if idle {
+		waitHistoryCopied(t, b.js, b.topo.HistoryStream, uint64(cycle*restartPerCycle))
 	}
-	backlog := gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant))
-	require.NoError(t, e.Close())
+	backlog, _ := b.gauges(t)
 	return backlog
 }
 
 // verifyAfterRestart reopens the store and checks it: the budgets as set, the backlog
 // as it was, every owed event delivered (acknowledged ones may come again), and once
 // everything is acknowledged, nothing held against any tenant.
-func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, ledger *restartLedger, before map[string]int64) {
-	reader := sdkmetric.NewManualReader()
-	e := openEmbedded(t, dir, func(o *EmbeddedOptions) {
-		o.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-		o.MetricsTenants = true
-	})
+func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, ledger *restartLedger, before map[TenantID]int64) {
+	b := openMetered(t, dir, c.syncSetting)
+	e := b.EmbeddedNATS
 	ctx := restartCtx(t)
 	for _, tenant := range restartTenants {
 		assert.Equal(t, restartBudget, e.MaxBytes(tenant), "cycle %d: tenant %s's budget after the restart", cycle, tenant)
 	}
 	if before != nil {
-		assert.Equal(t, before, gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant)),
-			"cycle %d: the backlog bytes after the restart are those before it", cycle)
+		after, _ := b.gauges(t)
+		assert.Equal(t, before, after, "cycle %d: the backlog bytes after the restart are those before it", cycle)
 	}
 	owed := ledger.owed()
 	var mu sync.Mutex
@@ -307,14 +400,14 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 		cycle, c.name(), confirmed, len(owed), distinct, len(lost), dups)
 	require.Empty(t, lost, "cycle %d: confirmed events the worker never acknowledged, missing after the restart", cycle)
 	require.Eventually(t, func() bool {
-		for _, n := range gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant)) {
+		backlog, _ := b.gauges(t)
+		for _, n := range backlog {
 			if n != 0 {
 				return false
 			}
 		}
 		return true
-	}, 20*time.Second, 50*time.Millisecond, "cycle %d: bytes still held once everything was acknowledged: %v",
-		cycle, gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant)))
+	}, 20*time.Second, 50*time.Millisecond, "cycle %d: bytes still held once everything was acknowledged", cycle)
 	stop()
 	require.NoError(t, e.Close())
 }
@@ -338,20 +431,21 @@ func restartCtx(t *testing.T) context.Context {
 // TestEmbeddedNATS_RestartMatrixChild) and kills it with SIGKILL once the worker has
 // applied its policy (and, for an idle cell, the history caught up). It returns the
 // backlog the child reported when that is what the store must give back.
-func runRestartChild(t *testing.T, dir string, cycle int, c restartCell, ledger *restartLedger) map[string]int64 {
-	backlog := map[string]int64{}
+func runRestartChild(t *testing.T, dir string, cycle int, c restartCell, ledger *restartLedger) map[TenantID]int64 {
+	backlog := map[TenantID]int64{}
 	runChild(t, "TestEmbeddedNATS_RestartMatrixChild", []string{
 		restartChildEnv + "=" + dir,
 		"MQ_RESTART_CHILD_CYCLE=" + strconv.Itoa(cycle),
 		"MQ_RESTART_CHILD_POLICY=" + string(c.policy),
 		"MQ_RESTART_CHILD_IDLE=" + strconv.FormatBool(c.idle),
+		"MQ_RESTART_CHILD_NOSYNC=" + strconv.FormatBool(c.noSync),
 	}, func(kind, rest string) bool {
 		switch kind {
 		case "confirmed", "acked":
 			ledger.record(kind, rest)
 		case "backlog":
 			tenant, n, _ := strings.Cut(rest, " ")
-			backlog[tenant], _ = strconv.ParseInt(n, 10, 64)
+			backlog[TenantID(tenant)], _ = strconv.ParseInt(n, 10, 64)
 		}
 		return kind == "ready"
 	}, nil)
@@ -370,24 +464,12 @@ func TestEmbeddedNATS_RestartMatrixChild(t *testing.T) {
 	}
 	cycle, _ := strconv.Atoi(os.Getenv("MQ_RESTART_CHILD_CYCLE"))
 	idle, _ := strconv.ParseBool(os.Getenv("MQ_RESTART_CHILD_IDLE"))
+	noSync, _ := strconv.ParseBool(os.Getenv("MQ_RESTART_CHILD_NOSYNC"))
 	out := childReport
-	reader := sdkmetric.NewManualReader()
-	// NoSync, the weaker setting: a process crash loses nothing the server confirmed
-	// with either, since the kernel keeps what was written.
-	e, err := NewEmbedded(t.Context(), EmbeddedOptions{StoreDir: dir, NoSync: true, Logger: quietLog,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), MetricsTenants: true})
-	require.NoError(t, err)
-	ctx := restartCtx(t)
-	if cycle == 1 {
-		for _, tenant := range restartTenants {
-			require.NoError(t, e.SetMaxBytes(ctx, tenant, restartBudget))
-		}
-	}
-	restartLoad{cycle: cycle, policy: restartPolicy(os.Getenv("MQ_RESTART_CHILD_POLICY")), out: out}.run(ctx, t, e)
-	if idle {
-		waitHistoryCopied(t, e.js, e.topo.HistoryStream, uint64(cycle*restartPerCycle))
-	}
-	backlog := gaugeBy(t, reader, metricTenantBacklog, string(AttrTenant))
+	// The cell's sync setting: the default groups concurrent publishes into atomic
+	// batches, which the kill must find stored as the parent was told.
+	b := openMetered(t, dir, restartCell{noSync: noSync}.syncSetting)
+	backlog := restartCycle(t, b, cycle, restartPolicy(os.Getenv("MQ_RESTART_CHILD_POLICY")), idle, out)
 	for _, tenant := range slices.Sorted(maps.Keys(backlog)) {
 		out("backlog", fmt.Sprintf("%s %d", tenant, backlog[tenant]))
 	}
