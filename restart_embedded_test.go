@@ -59,7 +59,7 @@ func restartEvent(cycle, i int) (string, Topic) {
 }
 
 // restartLoad is one cycle's traffic and the worker's policy, reporting each confirmed
-// publish and each confirmed ack through out.
+// publish (its id) and each confirmed ack (ackedLine) through out.
 type restartLoad struct {
 	cycle  int
 	policy restartPolicy
@@ -100,7 +100,7 @@ func (l restartLoad) run(ctx context.Context, t *testing.T, e *EmbeddedNATS) {
 			switch {
 			case !ours: // an earlier cycle's event the worker acked before and gets again
 				if m.DoubleAck(ctx) == nil {
-					l.out("acked", id)
+					l.out("acked", ackedLine(m))
 				}
 			case l.policy == policyHold && i >= restartPerCycle/3,
 				l.policy == policyOutOfOrder && i%5 == 0:
@@ -108,7 +108,7 @@ func (l restartLoad) run(ctx context.Context, t *testing.T, e *EmbeddedNATS) {
 				_ = m.Nak()
 			default:
 				if m.DoubleAck(ctx) == nil {
-					l.out("acked", id)
+					l.out("acked", ackedLine(m))
 				}
 			}
 		}
@@ -200,20 +200,25 @@ func (l restartLoad) publish(ctx context.Context, t *testing.T, e *EmbeddedNATS)
 type restartLedger struct {
 	mu        sync.Mutex
 	confirmed []string
-	acked     map[string]bool
+	acked     map[string]uint64 // by id: the event's sequence on its partition
 }
 
-func (r *restartLedger) record(kind, id string) {
+// ackedLine reports the confirmed ack of m: its id and its sequence on its partition.
+func ackedLine(m *Message) string { return fmt.Sprintf("%s %d", m.Data, m.Sequence) }
+
+// record takes a line of the load: a confirmed publish's id, or an ackedLine.
+func (r *restartLedger) record(kind, line string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch kind {
 	case "confirmed":
-		r.confirmed = append(r.confirmed, id)
+		r.confirmed = append(r.confirmed, line)
 	case "acked":
 		if r.acked == nil {
-			r.acked = map[string]bool{}
+			r.acked = map[string]uint64{}
 		}
-		r.acked[id] = true
+		id, seq, _ := strings.Cut(line, " ")
+		r.acked[id], _ = strconv.ParseUint(seq, 10, 64)
 	}
 }
 
@@ -223,11 +228,31 @@ func (r *restartLedger) owed() map[string]bool {
 	defer r.mu.Unlock()
 	out := map[string]bool{}
 	for _, id := range r.confirmed {
-		if !r.acked[id] {
+		if _, acked := r.acked[id]; !acked {
 			out[id] = true
 		}
 	}
 	return out
+}
+
+// ackedEvents is where every acknowledged event is stored, with its id.
+func (r *restartLedger) ackedEvents(partitions int) map[eventRef]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[eventRef]string, len(r.acked))
+	for id, seq := range r.acked {
+		out[eventRef{partition: Partition(restartTopicOf(id).Tenant, partitions), seq: seq}] = id
+	}
+	return out
+}
+
+// restartTopicOf is the topic of the event restartEvent named id.
+func restartTopicOf(id string) Topic {
+	var cycle, i int
+	_, rest, _ := strings.Cut(id, "-")
+	_, _ = fmt.Sscanf(rest, "c%d-%d", &cycle, &i)
+	_, topic := restartEvent(cycle, i)
+	return topic
 }
 
 // restartCell is one column of the matrix for one crash mode.
@@ -301,8 +326,7 @@ func (c restartCell) run(t *testing.T) {
 }
 
 // cycleBeforeRestart runs one cycle's traffic and ends it with the cell's restart
-// mode. It returns each tenant's backlog bytes just before the restart, when known
-// (nil after a kill at once: the child's acks may not all be on disk yet).
+// mode. It returns each tenant's backlog bytes just before the restart.
 func (c restartCell) cycleBeforeRestart(t *testing.T, dir string, cycle int, ledger *restartLedger) map[TenantID]int64 {
 	if c.kill {
 		return runRestartChild(t, dir, cycle, c, ledger)
@@ -331,9 +355,10 @@ func restartCycle(t *testing.T, b meteredBroker, cycle int, policy restartPolicy
 	return backlog
 }
 
-// verifyAfterRestart reopens the store and checks it: the budgets as set, the backlog
-// as it was, every owed event delivered (acknowledged ones may come again), and once
-// everything is acknowledged, nothing held against any tenant.
+// verifyAfterRestart reopens the store and checks it: the budgets as set, every owed
+// event delivered (acknowledged ones may come again), the backlog exactly what the
+// store owes (checkBacklog), and once everything is acknowledged, nothing held against
+// any tenant.
 func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, ledger *restartLedger, before map[TenantID]int64) {
 	b := openMetered(t, dir, c.syncSetting)
 	e := b.EmbeddedNATS
@@ -341,13 +366,12 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 	for _, tenant := range restartTenants {
 		assert.Equal(t, restartBudget, e.MaxBytes(tenant), "cycle %d: tenant %s's budget after the restart", cycle, tenant)
 	}
-	if before != nil {
-		after, _ := b.gauges(t)
-		assert.Equal(t, before, after, "cycle %d: the backlog bytes after the restart are those before it", cycle)
-	}
+	reopened := backlogAtReopen(t, b)
+	reopened.acked = ledger.ackedEvents(e.topo.Partitions) // before this worker acks anything
 	owed := ledger.owed()
 	var mu sync.Mutex
 	delivered := map[string]int{}
+	received := map[eventRef]heldEvent{} // every event delivered again, by its size as delivered
 	allOwed := make(chan struct{})
 	closeOwed := sync.OnceFunc(func() { close(allOwed) })
 	cons, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable, AckWait: restartAckWait})
@@ -357,9 +381,15 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 			return err
 		}
 		id := string(m.Data)
-		ledger.record("acked", id)
+		ledger.record("acked", ackedLine(m))
+		topic := restartTopicOf(id)
+		subject, p, err := e.subs.ingestTopic(topic)
+		if err != nil {
+			return err
+		}
 		mu.Lock()
 		defer mu.Unlock()
+		received[eventRef{partition: p, seq: m.Sequence}] = heldEvent{tenant: topic.Tenant, size: eventSize(subject, m.Headers, len(m.Data))}
 		delivered[id]++
 		if delivered[id] == 1 && owedDelivered(owed, delivered) {
 			closeOwed()
@@ -408,8 +438,110 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 		}
 		return true
 	}, 20*time.Second, 50*time.Millisecond, "cycle %d: bytes still held once everything was acknowledged", cycle)
+	// Every event counted is released, and no durable has anything left to deliver or
+	// awaits an ack: the worker has received all it ever will.
+	require.Eventually(t, func() bool {
+		for p := range e.topo.Partitions {
+			cons, err := e.js.Consumer(ctx, e.topo.PartitionStream(p), e.topo.IngestConsumer)
+			if err != nil || cons.CachedInfo().NumPending > 0 || cons.CachedInfo().NumAckPending > 0 {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 50*time.Millisecond, "cycle %d: a durable kept events to deliver or unsettled", cycle)
+	mu.Lock()
+	reopened.received = maps.Clone(received)
+	mu.Unlock()
+	c.checkBacklog(t, cycle, before, reopened)
 	stop()
 	require.NoError(t, e.Close())
+}
+
+// reopenedBacklog is what a reopened store counted before any worker ran, and what
+// became of it.
+type reopenedBacklog struct {
+	gauge    map[TenantID]int64     // the backlog gauge, by tenant
+	counted  map[eventRef]heldEvent // the events behind it
+	acked    map[eventRef]string    // every event acknowledged before the restart, by id
+	received map[eventRef]heldEvent // every event the worker then received, by its size as delivered
+}
+
+// backlogAtReopen reads the backlog gauge and the events the boot counted behind it,
+// before any worker runs. Nothing is counted until then, and only the release of an
+// event counted in doubt (releaseDoubtful, when the ack floor passes it) could change
+// what is counted between the two reads: it reads again until the events counted are
+// the same on both sides of the gauge.
+func backlogAtReopen(t *testing.T, b meteredBroker) reopenedBacklog {
+	t.Helper()
+	for {
+		counted := b.budgets.heldEvents()
+		gauge, _ := b.gauges(t)
+		if maps.Equal(counted, b.budgets.heldEvents()) {
+			return reopenedBacklog{gauge: gauge, counted: counted}
+		}
+	}
+}
+
+// heldEvents are the events b counts, by where they are stored.
+func (b *budgets) heldEvents() map[eventRef]heldEvent {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.held)
+}
+
+// checkBacklog checks that the backlog a reopened store counts is exactly what it
+// owes, event by event, and that the bytes add up:
+//   - every event delivered after the reopen was counted, at the size it was delivered
+//     with;
+//   - an event counted and never delivered again was acknowledged before a SIGKILL at
+//     once: an ack out of order that reached the store, whose event the partition
+//     still kept for the history's source. The boot cannot tell it from an
+//     unacknowledged one (the server does not say which events above the ack floor
+//     are acknowledged; saveAcked keeps that only at Close), so it counts it and gives
+//     it back once the ack floor passes it (releaseDoubtful), with no delivery.
+//     After a Close, or a SIGKILL once idle, there is none;
+//   - so the backlog is the bytes of the events delivered again plus those;
+//   - and it is the backlog before the restart plus the bytes of the acknowledged
+//     events counted again: the acks a SIGKILL lost (those events come again) and the
+//     ones above. After a Close, or a SIGKILL once idle, none: the backlog is as before.
+//
+// "The backlog is the bytes of the events delivered again" alone holds in most runs of
+// a SIGKILL at once, since the server writes a durable's acks at most every 100 ms and
+// the kill mostly comes first, but not in all: with the child killed 300 ms after its
+// worker settled, the out-of-order cells counted 58 events and delivered 12 of them
+// again, and the nak'ed and held ones 41 to 48 and 40 (measured under both sync
+// settings); the rest were acknowledged events still stored above the floor.
+func (c restartCell) checkBacklog(t *testing.T, cycle int, before map[TenantID]int64, r reopenedBacklog) {
+	t.Helper()
+	doubtful := c.kill && !c.idle
+	want, again := map[TenantID]int64{}, map[TenantID]int64{}
+	for _, tenant := range restartTenants {
+		want[tenant], again[tenant] = 0, 0
+	}
+	for ref, got := range r.received {
+		want[got.tenant] += got.size
+		if ev, ok := r.counted[ref]; assert.True(t, ok, "cycle %d: %v was delivered after the restart but not counted", cycle, ref) {
+			assert.Equal(t, got, ev, "cycle %d: %v counted at another size than it was delivered with", cycle, ref)
+		}
+	}
+	for ref, ev := range r.counted {
+		id, acked := r.acked[ref]
+		if acked {
+			again[ev.tenant] += ev.size
+			assert.True(t, doubtful, "cycle %d: %s, acknowledged before the restart, is counted again", cycle, id)
+		}
+		if _, ok := r.received[ref]; !ok {
+			want[ev.tenant] += ev.size // released once the ack floor passes it
+			assert.True(t, acked && doubtful, "cycle %d: %v was counted but never delivered again", cycle, ref)
+		}
+	}
+	assert.Equal(t, want, r.gauge,
+		"cycle %d: the backlog after the restart is the bytes delivered again and the acknowledged events counted in doubt", cycle)
+	for tenant, n := range before {
+		again[tenant] += n
+	}
+	assert.Equal(t, again, r.gauge,
+		"cycle %d: the backlog after the restart is the one before it and the acknowledged events counted again", cycle)
 }
 
 func owedDelivered(owed map[string]bool, delivered map[string]int) bool {
@@ -430,7 +562,7 @@ func restartCtx(t *testing.T) context.Context {
 // runRestartChild runs the cycle in a child process (this test binary, running
 // TestEmbeddedNATS_RestartMatrixChild) and kills it with SIGKILL once the worker has
 // applied its policy (and, for an idle cell, the history caught up). It returns the
-// backlog the child reported when that is what the store must give back.
+// backlog the child reported just before.
 func runRestartChild(t *testing.T, dir string, cycle int, c restartCell, ledger *restartLedger) map[TenantID]int64 {
 	backlog := map[TenantID]int64{}
 	runChild(t, "TestEmbeddedNATS_RestartMatrixChild", []string{
@@ -449,9 +581,6 @@ func runRestartChild(t *testing.T, dir string, cycle int, c restartCell, ledger 
 		}
 		return kind == "ready"
 	}, nil)
-	if !c.idle {
-		return nil
-	}
 	return backlog
 }
 
