@@ -23,6 +23,9 @@ import (
 // publish order. Acknowledged events are never waited for (they may come again: at
 // least once); what does come again is counted as a duplicate. Every partition must
 // then empty and the history hold each event exactly once: anything else is stuck.
+// Before the worker comes back, what the servers keep for it must be what they kept
+// before the restarts, event for event and byte for byte (checkKept), and the client,
+// which outlives the restarts, must still read the budgets recorded on it.
 //
 // Dimensions: deployment (one server restarted in-process; a three-node R3 cluster,
 // rolled one node at a time or stopped and started whole) x timing (restart at once;
@@ -82,6 +85,9 @@ type matrixEvent struct {
 	first  int  // rank of its first delivery in the run, 0 while never delivered
 	after  int  // deliveries after its round's restart
 	done   bool // delivered after the restart and acknowledged
+	// bytes is what storing it added to its partition's bytes, as the server counts
+	// them: what the partition keeps for it while it is not acknowledged.
+	bytes uint64
 }
 
 // matrixRounds are how often the servers restart between the worker leaving its
@@ -146,6 +152,9 @@ func runRestartMatrix(t *testing.T, name string, f *externalFixture, idle bool, 
 	})
 	r := &matrixRun{name: name, f: f, e: e, topo: e.topo, idle: idle, restart: restart,
 		tenants: matrixTenants(t, e.topo.Partitions), events: map[string]*matrixEvent{}}
+	for _, tenant := range slices.Concat(r.tenants[:]...) {
+		require.NoError(t, e.SetMaxBytes(t.Context(), tenant, matrixBudget(tenant)))
+	}
 	for round := range matrixRounds {
 		r.runRound(t, round+1)
 	}
@@ -153,6 +162,10 @@ func runRestartMatrix(t *testing.T, name string, f *externalFixture, idle bool, 
 
 func (r *matrixRun) runRound(t *testing.T, round int) {
 	t.Helper()
+	// Status waits PublishTimeout for the consumer list the restricted user is refused,
+	// and then trusts the refusal for a minute: read once now, so that the read before
+	// a restart at once does not hold the restart back.
+	r.partitionStatus(t)
 	r.publish(t, round, someHeld, someNaked, acksOutOfOrder)
 	r.workBeforeRestart(t, round)
 	untouched := r.partition(nothingDelivered)
@@ -162,19 +175,28 @@ func (r *matrixRun) runRound(t *testing.T, round int) {
 		"round %d: the durable delivered events published after the worker stopped", round)
 
 	// Measured, never asserted: how long the restart itself took (without the waits
-	// for the history) and how long until everything settled after it.
+	// for the history and the reads of what the servers keep) and how long until
+	// everything settled after it.
 	began, waited := time.Now(), time.Duration(0)
+	var kept []PartitionStatus
 	for range matrixRounds[round-1].restarts {
 		r.restart(t, func() {
+			w := time.Now()
 			if r.idle {
-				w := time.Now()
 				r.awaitHistoryCaughtUp(t)
 				time.Sleep(matrixIdle)
-				waited += time.Since(w)
 			}
+			if kept == nil { // before the round's first restart, once idle
+				kept = r.partitionStatus(t)
+			}
+			waited += time.Since(w)
 		})
 	}
 	restarting, restarted := time.Since(began)-waited, time.Now()
+	for _, tenant := range slices.Concat(r.tenants[:]...) {
+		assert.Equal(t, matrixBudget(tenant), r.e.MaxBytes(tenant), "%s round %d: the budget recorded for %s after the restart", r.name, round, tenant)
+	}
+	r.checkKept(t, round, kept)
 	r.deliverAfterRestart(t, round)
 	settled := time.Since(restarted)
 	r.report(t, round)
@@ -186,18 +208,34 @@ func (r *matrixRun) runRound(t *testing.T, round int) {
 // partition is the stream of state's tenants.
 func (r *matrixRun) partition(s matrixState) string { return r.topo.PartitionStream(int(s)) }
 
+// matrixBudget is the budget the matrix records for tenant, a different one each.
+func matrixBudget(tenant TenantID) int64 {
+	n, _ := strconv.Atoi(strings.TrimPrefix(string(tenant), "tenant-"))
+	return int64(n+1) << 20
+}
+
 // publish stores the round's events of states, the tenants' interleaved, over two
-// tables each so a tenant's order spans subjects.
+// tables each so a tenant's order spans subjects. One call at a time, on partitions
+// nothing is taken from meanwhile (no worker has acknowledged any of the round's
+// events, and the earlier rounds' are gone): each event's bytes are what its publish
+// added to its partition.
 func (r *matrixRun) publish(t *testing.T, round int, states ...matrixState) {
 	t.Helper()
 	ctx := testCtx(t)
+	bytes := map[matrixState]uint64{}
+	for _, s := range states {
+		bytes[s] = r.streamBytes(t, r.partition(s))
+	}
 	for i := range matrixEventsPerTenant {
 		for _, s := range states {
 			for _, tenant := range r.tenants[s] {
 				data := fmt.Sprintf("r%d/%s/%02d", round, tenant, i)
 				require.NoError(t, r.e.Publish(ctx, Topic{Tenant: tenant, Table: "t" + strconv.Itoa(i%2)}, []byte(data)))
+				was := bytes[s]
+				bytes[s] = r.streamBytes(t, r.partition(s))
+				require.Greater(t, bytes[s], was, "%s: publishing %s added no bytes to %s", r.name, data, r.partition(s))
 				r.mu.Lock()
-				r.events[data] = &matrixEvent{round: round, state: s, tenant: tenant, index: i}
+				r.events[data] = &matrixEvent{round: round, state: s, tenant: tenant, index: i, bytes: bytes[s] - was}
 				r.published++
 				r.mu.Unlock()
 			}
@@ -441,6 +479,82 @@ func (r *matrixRun) report(t *testing.T, round int) {
 	}
 }
 
+// partitionStatus is each partition as the library's Status reads it, as mqctl status
+// shows it (the workers' heartbeats are not listened for).
+func (r *matrixRun) partitionStatus(t *testing.T) []PartitionStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	st, err := r.e.Status(ctx, StatusOptions{ListenWorkers: time.Nanosecond})
+	require.NoError(t, err, "%s: status", r.name)
+	return st.Partitions
+}
+
+// checkKept checks, by the library's Status, that what the servers keep for the worker
+// came through the restarts exactly. Each partition's durable has as many events to
+// deliver or awaiting an ack (Pending + AckPending) as the worker left unacknowledged,
+// before the restarts (kept) and after them. A partition also holds acknowledged
+// events until the history's source has taken them, whenever that is (before, during
+// or after a restart at once), so once it has let go of them (Messages == Pending +
+// AckPending: nothing held for the history), it must hold those events and their bytes
+// exactly, each event's as the server counted them when it stored it. Where nothing
+// was held for the history before the restarts either (the partition nothing was
+// delivered from; every partition once the history caught up and idled, as measured),
+// its messages and bytes are the same as before.
+func (r *matrixRun) checkKept(t *testing.T, round int, kept []PartitionStatus) {
+	t.Helper()
+	var want []PartitionStatus // Partition, Stream, Messages and Bytes of the unacknowledged events
+	r.mu.Lock()
+	for p := range r.topo.Partitions {
+		want = append(want, PartitionStatus{Partition: p, Stream: r.topo.PartitionStream(p)})
+	}
+	for _, ev := range r.events {
+		if ev.round == round && !ev.acked {
+			w := &want[Partition(ev.tenant, r.topo.Partitions)]
+			w.Messages++
+			w.Bytes += ev.bytes
+		}
+	}
+	r.mu.Unlock()
+	require.Len(t, kept, len(want))
+	for p, k := range kept {
+		assert.Equal(t, want[p].Messages, k.Pending+k.AckPending,
+			"%s round %d: before the restart, %s's durable keeps the events the worker left unacknowledged", r.name, round, k.Stream)
+	}
+	var after []PartitionStatus
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		st, err := r.e.Status(ctx, StatusOptions{ListenWorkers: time.Nanosecond})
+		if err != nil {
+			return false
+		}
+		after = st.Partitions
+		for _, a := range after {
+			if a.Messages != a.Pending+a.AckPending {
+				return false
+			}
+		}
+		return true
+	}, 4*time.Minute, 100*time.Millisecond, "%s round %d: a partition never let go of the acknowledged events", r.name, round)
+	var heldBefore []string
+	for p, a := range after {
+		k := kept[p]
+		assert.Equal(t, k.Pending+k.AckPending, a.Pending+a.AckPending,
+			"%s round %d: %s's durable keeps after the restart what it kept before", r.name, round, a.Stream)
+		assert.Equal(t, want[p], PartitionStatus{Partition: a.Partition, Stream: a.Stream, Messages: a.Messages, Bytes: a.Bytes},
+			"%s round %d: %s holds exactly the unacknowledged events and their bytes after the restart", r.name, round, a.Stream)
+		if k.Messages == k.Pending+k.AckPending {
+			assert.Equal(t, [2]uint64{k.Messages, k.Bytes}, [2]uint64{a.Messages, a.Bytes},
+				"%s round %d: %s's messages and bytes after the restart are those before it", r.name, round, a.Stream)
+		} else {
+			heldBefore = append(heldBefore, fmt.Sprintf("%s %d", a.Stream, k.Messages-k.Pending-k.AckPending))
+		}
+	}
+	t.Logf("restart matrix: %s, %s: acknowledged events held for the history before the restart: %v",
+		r.name, matrixRounds[round-1].name, heldBefore)
+}
+
 // awaitPartitionsEmptyAndHistoryExact waits until every partition let go of what the
 // worker acknowledged and the history copied (a partition that keeps them is stuck
 // and fills up), and checks the history holds every event exactly once.
@@ -510,6 +624,16 @@ func (r *matrixRun) durableInfo(t *testing.T, stream string) *jetstream.Consumer
 		return nil
 	}
 	return c.CachedInfo()
+}
+
+// streamBytes is what stream holds, in bytes, read as the operator.
+func (r *matrixRun) streamBytes(t *testing.T, stream string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	s, err := r.f.admin.Stream(ctx, stream)
+	require.NoError(t, err)
+	return s.CachedInfo().State.Bytes
 }
 
 func (r *matrixRun) streamMsgs(t *testing.T, stream string) (uint64, bool) {
