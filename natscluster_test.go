@@ -68,16 +68,12 @@ func newClusterFixture(t testing.TB, n int) *clusterFixture {
 	return c
 }
 
-// freeLoopbackPorts returns n distinct ports free on 127.0.0.1 a moment ago, all held
-// open together so none repeats.
+// freeLoopbackPorts returns n distinct ports of loopbackPort's.
 func freeLoopbackPorts(t testing.TB, n int) []int {
 	t.Helper()
 	ports := make([]int, n)
 	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer l.Close()
-		ports[i] = l.Addr().(*net.TCPAddr).Port
+		ports[i] = loopbackPort(t)
 	}
 	return ports
 }

@@ -2,8 +2,12 @@ package mq
 
 import (
 	"context"
+	"net"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +16,36 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
+
+// Test servers listen on ports below the kernel's ephemeral range (32768 and up on
+// Linux), handed out once per process: a port picked by listening on :0 is from that
+// range, and while its server is stopped for a restart an outgoing connection may be
+// given it as its local port (measured: a cluster node that never became ready in CI).
+var nextLoopbackPort atomic.Int32
+
+const (
+	loopbackPortLow  = 20000
+	loopbackPortHigh = 32000
+)
+
+// loopbackPort returns a port on 127.0.0.1 that no other server of this process was
+// given and that was free a moment ago.
+func loopbackPort(t testing.TB) int {
+	t.Helper()
+	nextLoopbackPort.CompareAndSwap(0, int32(loopbackPortLow+os.Getpid()%(loopbackPortHigh-loopbackPortLow)))
+	for range loopbackPortHigh - loopbackPortLow {
+		p := int(nextLoopbackPort.Add(1))
+		p = loopbackPortLow + (p-loopbackPortLow)%(loopbackPortHigh-loopbackPortLow)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue // another process has it
+		}
+		_ = l.Close()
+		return p
+	}
+	t.Fatal("no free loopback port below the ephemeral range")
+	return 0
+}
 
 // natsFixture is an in-process nats-server with file storage in a temp dir, or a
 // cluster of them (see newClusterFixture), and an operator's JetStream handle with
@@ -49,13 +83,19 @@ func newNATSFixture(t *testing.T) *natsFixture {
 	return f
 }
 
-// runServer starts a server from opts and shuts it down at cleanup.
+// runServer starts a server from opts and shuts it down at cleanup. A random client
+// port becomes one of loopbackPort's, so that a restart on the same port finds it free.
 func runServer(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
+	if opts.Port == server.RANDOM_PORT {
+		opts.Port = loopbackPort(t)
+	}
 	srv, err := server.NewServer(opts)
 	require.NoError(t, err)
 	srv.Start()
-	require.True(t, srv.ReadyForConnections(10*time.Second), "nats server not ready")
+	// Generous: a clustered node under the race detector, beside a dozen others, can
+	// take seconds (measured: over 10 s once in CI).
+	require.True(t, srv.ReadyForConnections(time.Minute), "nats server not ready")
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	return srv
 }
