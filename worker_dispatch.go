@@ -361,6 +361,9 @@ func (d *dispatcher) runLanes() {
 	defer d.mu.Unlock()
 	for {
 		for len(d.ready) == 0 && !d.over() {
+			// Idle: what still waits is held behind calls in flight, so a pull
+			// waiting for room must not wait for more of it to run (see below).
+			d.room.Broadcast()
 			d.wake.Wait()
 		}
 		if d.over() {
@@ -382,7 +385,12 @@ func (d *dispatcher) runLanes() {
 		l.running = e
 		u.running++
 		u.waiting--
-		d.room.Broadcast()
+		// A pull waiting for room resumes once half the limit ran (or the pool went
+		// idle), not at each call: woken per call it filed one event and slept
+		// again, a context switch per delivery.
+		if u.waiting <= d.waitLimit()/2 {
+			d.room.Broadcast()
+		}
 		now := time.Now()
 		t := d.tries[eventRef{e.part, e.seq}]
 		if t == nil {
