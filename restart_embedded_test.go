@@ -440,15 +440,8 @@ func (c restartCell) verifyAfterRestart(t *testing.T, dir string, cycle int, led
 	}, 20*time.Second, 50*time.Millisecond, "cycle %d: bytes still held once everything was acknowledged", cycle)
 	// Every event counted is released, and no durable has anything left to deliver or
 	// awaits an ack: the worker has received all it ever will.
-	require.Eventually(t, func() bool {
-		for p := range e.topo.Partitions {
-			cons, err := e.js.Consumer(ctx, e.topo.PartitionStream(p), e.topo.IngestConsumer)
-			if err != nil || cons.CachedInfo().NumPending > 0 || cons.CachedInfo().NumAckPending > 0 {
-				return false
-			}
-		}
-		return true
-	}, 20*time.Second, 50*time.Millisecond, "cycle %d: a durable kept events to deliver or unsettled", cycle)
+	require.Eventually(t, func() bool { return durablesSettled(ctx, e) },
+		20*time.Second, 50*time.Millisecond, "cycle %d: a durable kept events to deliver or unsettled", cycle)
 	mu.Lock()
 	reopened.received = maps.Clone(received)
 	mu.Unlock()
@@ -605,4 +598,16 @@ func TestEmbeddedNATS_RestartMatrixChild(t *testing.T) {
 	out("ready", "")
 	time.Sleep(time.Minute) // killed long before
 	t.Fatal("the parent never killed this child")
+}
+
+// durablesSettled reports whether no partition's ingest durable has an event left to
+// deliver or awaiting an ack.
+func durablesSettled(ctx context.Context, e *EmbeddedNATS) bool {
+	for p := range e.topo.Partitions {
+		cons, err := e.js.Consumer(ctx, e.topo.PartitionStream(p), e.topo.IngestConsumer)
+		if err != nil || cons.CachedInfo().NumPending > 0 || cons.CachedInfo().NumAckPending > 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -136,15 +136,8 @@ func TestSoak_KilledAndReopenedUnderLoadLosesNoConfirmedEvent(t *testing.T) {
 	drained := missing() == 0
 	mu.Unlock()
 	if drained {
-		require.Eventually(t, func() bool {
-			for p := range e.topo.Partitions {
-				ci, err := e.js.Consumer(ctx, e.topo.PartitionStream(p), e.topo.IngestConsumer)
-				if err != nil || ci.CachedInfo().NumPending > 0 || ci.CachedInfo().NumAckPending > 0 {
-					return false
-				}
-			}
-			return true
-		}, soakAckWait+30*time.Second, 50*time.Millisecond, "the durable kept events after the final drain (seed %d)", seed)
+		require.Eventually(t, func() bool { return durablesSettled(ctx, e) },
+			soakAckWait+30*time.Second, 50*time.Millisecond, "the durable kept events after the final drain (seed %d)", seed)
 	}
 	stop()
 	mu.Lock()
