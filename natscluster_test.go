@@ -26,7 +26,7 @@ type clusterFixture struct {
 }
 
 // clusterNode is one server of the cluster: the options it restarts from (its client
-// and route ports fixed after the first start) and the server while it runs.
+// and route ports fixed before the first start) and the server while it runs.
 type clusterNode struct {
 	opts *server.Options
 	srv  *server.Server // nil while stopped
@@ -41,11 +41,15 @@ func newClusterFixture(t testing.TB, n int) *clusterFixture {
 	// Every node lists every other's route at its first start (a JetStream cluster
 	// refuses to start without configured routes), so the route ports are taken up
 	// front.
-	routePorts := freeLoopbackPorts(t, n)
+	routePorts := make([]int, n)
+	for i := range routePorts {
+		routePorts[i] = loopbackPort(t)
+	}
 	c := &clusterFixture{natsFixture: &natsFixture{}}
 	for i := range n {
 		opts := valuesOptions(t, t.TempDir())
 		opts.ServerName = fmt.Sprintf("%s-%d", testClusterName, i)
+		opts.Port = loopbackPort(t) // kept for its restarts
 		opts.Cluster.Name = testClusterName
 		opts.Cluster.Host = "127.0.0.1"
 		opts.Cluster.Port = routePorts[i]
@@ -68,24 +72,11 @@ func newClusterFixture(t testing.TB, n int) *clusterFixture {
 	return c
 }
 
-// freeLoopbackPorts returns n distinct ports of loopbackPort's.
-func freeLoopbackPorts(t testing.TB, n int) []int {
-	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		ports[i] = loopbackPort(t)
-	}
-	return ports
-}
-
 // startNode starts node i from its options, on the ports of its first start.
 func (c *clusterFixture) startNode(t testing.TB, i int) {
 	t.Helper()
 	nd := c.nodes[i]
 	nd.srv = runServer(t, nd.opts.Clone())
-	if nd.opts.Port == server.RANDOM_PORT {
-		nd.opts.Port = nd.srv.Addr().(*net.TCPAddr).Port
-	}
 }
 
 // stopNode shuts node i down cleanly (the server steps down from what it leads
