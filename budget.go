@@ -26,7 +26,7 @@ type budgets struct {
 	mu   sync.Mutex
 	max  map[TenantID]budgetLimit
 	used map[TenantID]int64
-	held map[eventRef]heldEvent
+	held []heldQueue // by partition
 	// keyed maps the message id of a held event published under a caller's
 	// idempotency key to the event the stream would drop a repeat of.
 	keyed map[string]keyedEvent
@@ -89,7 +89,7 @@ type reservation struct {
 
 func newBudgets(partitions int, surelyDropped time.Duration) *budgets {
 	return &budgets{
-		max: map[TenantID]budgetLimit{}, used: map[TenantID]int64{}, held: map[eventRef]heldEvent{},
+		max: map[TenantID]budgetLimit{}, used: map[TenantID]int64{}, held: make([]heldQueue, partitions),
 		keyed: map[string]keyedEvent{}, acked: make([]seqSet, partitions),
 		surelyDropped: surelyDropped, doubted: map[TenantID]bool{},
 	}
@@ -172,15 +172,13 @@ func (b *budgets) commit(r *reservation, seq uint64) {
 		return
 	}
 	r.ended = true
-	ref := eventRef{r.partition, seq}
-	if _, dup := b.held[ref]; dup || b.acked[r.partition].has(seq) {
+	if b.acked[r.partition].has(seq) || !b.held[r.partition].add(seq, heldEvent{tenant: r.tenant, size: r.size, keyedID: r.keyedID}) {
 		b.used[r.tenant] -= r.charged
 		return
 	}
 	b.used[r.tenant] += r.size - r.charged
-	b.held[ref] = heldEvent{tenant: r.tenant, size: r.size, keyedID: r.keyedID}
 	if r.keyedID != "" {
-		b.keyed[r.keyedID] = keyedEvent{ref: ref, stored: r.at}
+		b.keyed[r.keyedID] = keyedEvent{ref: eventRef{r.partition, seq}, stored: r.at}
 	}
 }
 
@@ -200,7 +198,7 @@ func (b *budgets) cancel(r *reservation) {
 func (b *budgets) counted(ref eventRef) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	_, held := b.held[ref]
+	_, held := b.held[ref.partition].get(ref.seq)
 	return held || b.acked[ref.partition].has(ref.seq)
 }
 
@@ -211,10 +209,9 @@ func (b *budgets) counted(ref eventRef) bool {
 func (b *budgets) adopt(ref eventRef, ev heldEvent, stored time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, dup := b.held[ref]; dup || b.acked[ref.partition].has(ref.seq) {
+	if b.acked[ref.partition].has(ref.seq) || !b.held[ref.partition].add(ref.seq, ev) {
 		return false
 	}
-	b.held[ref] = ev
 	b.used[ev.tenant] += ev.size
 	if k, ok := b.keyed[ev.keyedID]; ev.keyedID != "" && (!ok || k.ref.seq < ref.seq) {
 		b.keyed[ev.keyedID] = keyedEvent{ref: ref, stored: stored}
@@ -231,13 +228,12 @@ func (b *budgets) release(ref eventRef) {
 		return
 	}
 	b.acked[ref.partition].add(ref.seq)
-	ev, ok := b.held[ref]
+	ev, ok := b.held[ref.partition].remove(ref.seq)
 	if !ok {
 		return
 	}
-	delete(b.held, ref)
 	b.used[ev.tenant] -= ev.size
-	if k, ok := b.keyed[ev.keyedID]; ok && k.ref == ref {
+	if k, ok := b.keyed[ev.keyedID]; ok && ev.keyedID != "" && k.ref == ref {
 		delete(b.keyed, ev.keyedID)
 	}
 }

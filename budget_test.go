@@ -40,3 +40,59 @@ func TestSeqRanges_RoundTripThroughTheStoredFormAndRefuseBadInput(t *testing.T) 
 		assert.Error(t, err, "%q", bad)
 	}
 }
+
+func TestHeldQueue_KeepsEventsInAnyCommitOrderAndForgetsThoseReleased(t *testing.T) {
+	var q heldQueue
+	ev := func(seq uint64) heldEvent { return heldEvent{tenant: "t", size: int64(seq)} }
+	for _, seq := range []uint64{3, 4, 1, 6, 5, 2} { // answers overtake each other
+		require.True(t, q.add(seq, ev(seq)), "add %d", seq)
+	}
+	assert.False(t, q.add(4, ev(99)), "a held event is not held twice")
+	got, ok := q.get(4)
+	assert.True(t, ok)
+	assert.Equal(t, ev(4), got, "the first add stays")
+
+	for _, seq := range []uint64{1, 3, 6} {
+		got, ok := q.remove(seq)
+		require.True(t, ok, "remove %d", seq)
+		assert.Equal(t, ev(seq), got)
+		_, again := q.remove(seq)
+		assert.False(t, again, "releasing %d twice", seq)
+	}
+	for seq, want := range map[uint64]bool{1: false, 2: true, 3: false, 4: true, 5: true, 6: false, 7: false} {
+		_, ok := q.get(seq)
+		assert.Equal(t, want, ok, "get(%d)", seq)
+	}
+	assert.Equal(t, []uint64{2, 3, 4, 5}, slotSeqs(q), "released slots at either end are trimmed")
+	require.True(t, q.add(3, ev(3)), "a released slot in the middle can be held again")
+	assert.Equal(t, 4, q.live)
+}
+
+func TestHeldQueue_AnEventHeldLongDoesNotKeepThoseReleasedAfterIt(t *testing.T) {
+	var q heldQueue
+	const n = 10_000
+	for seq := uint64(1); seq <= n; seq++ {
+		require.True(t, q.add(seq, heldEvent{tenant: "t", size: 1, keyedID: "k"}))
+	}
+	for seq := uint64(2); seq <= n-1; seq++ { // 1 stays held (a poison event), so does n
+		_, ok := q.remove(seq)
+		require.True(t, ok)
+	}
+	assert.Equal(t, 2, q.live)
+	assert.Less(t, len(q.slots), 2*compactAt, "released slots behind a held one are compacted")
+	for _, s := range q.slots[len(q.slots):cap(q.slots)] {
+		assert.Equal(t, heldEvent{}, s.ev, "a slot past the end keeps no event alive")
+	}
+	_, ok := q.get(1)
+	assert.True(t, ok)
+	_, ok = q.get(n)
+	assert.True(t, ok)
+}
+
+func slotSeqs(q heldQueue) []uint64 {
+	var seqs []uint64
+	for _, s := range q.slots {
+		seqs = append(seqs, s.seq)
+	}
+	return seqs
+}
