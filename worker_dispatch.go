@@ -224,7 +224,9 @@ func (d *dispatcher) over() bool { return d.stopped || d.reported }
 func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 	if id := m.Headers().Get(pinIDHeader); id != "" {
 		if cur := u.pin.Load(); cur == nil || *cur != id {
-			u.pin.Store(&id)
+			// A copy: taking id's own address moved it to the heap on every delivery.
+			pin := id
+			u.pin.Store(&pin)
 		}
 	}
 	e := &entry{m: m, d: d, u: u, part: u.p, ackWait: u.ackWait, extended: time.Now()}
