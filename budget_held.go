@@ -26,7 +26,7 @@ type heldSlot struct {
 // event held while those after it were acknowledged) is compacted.
 const compactAt = 64
 
-// find returns the index of seq's slot, if the queue has one.
+// find returns the index of seq's slot and true, or where its slot would go and false.
 func (q *heldQueue) find(seq uint64) (int, bool) {
 	n := len(q.slots)
 	switch {
