@@ -1,6 +1,9 @@
 package mq
 
 import (
+	"cmp"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -95,4 +98,51 @@ func slotSeqs(q heldQueue) []uint64 {
 		seqs = append(seqs, s.seq)
 	}
 	return seqs
+}
+
+// TestHeldQueue_AgreesWithAMapUnderRandomCommitsAndReleases drives a queue and a plain
+// map with the same random adds and removes, in the orders a partition sees them
+// (mostly ascending, some late answers and acks out of order, repeats), and checks
+// that they hold the same events after every step.
+func TestHeldQueue_AgreesWithAMapUnderRandomCommitsAndReleases(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var q heldQueue
+	want := map[uint64]heldEvent{}
+	next := uint64(1)
+	for step := range 20_000 {
+		var seq uint64
+		switch r := rng.IntN(10); {
+		case r < 5: // the stream's next event
+			seq = next
+			next++
+		case r < 7: // a late answer or a repeat, near the back
+			seq = next - uint64(rng.IntN(int(min(next, 50))))
+		default: // an ack, mostly near the front
+			seq = next - uint64(rng.IntN(int(next)))
+		}
+		if seq == 0 {
+			continue
+		}
+		ev := heldEvent{tenant: "t", size: int64(step)}
+		if rng.IntN(3) == 0 {
+			got, ok := q.remove(seq)
+			w, wok := want[seq]
+			require.Equal(t, wok, ok, "step %d: remove %d", step, seq)
+			require.Equal(t, w, got, "step %d: remove %d", step, seq)
+			delete(want, seq)
+		} else {
+			_, held := want[seq]
+			require.Equal(t, !held, q.add(seq, ev), "step %d: add %d", step, seq)
+			if !held {
+				want[seq] = ev
+			}
+		}
+		require.Equal(t, len(want), q.live, "step %d", step)
+	}
+	for seq, ev := range want {
+		got, ok := q.get(seq)
+		require.True(t, ok, "seq %d", seq)
+		require.Equal(t, ev, got)
+	}
+	require.True(t, slices.IsSortedFunc(q.slots, func(a, b heldSlot) int { return cmp.Compare(a.seq, b.seq) }))
 }
