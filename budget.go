@@ -233,7 +233,10 @@ func (b *budgets) release(ref eventRef) {
 		return
 	}
 	b.used[ev.tenant] -= ev.size
-	if k, ok := b.keyed[ev.keyedID]; ok && ev.keyedID != "" && k.ref == ref {
+	if ev.keyedID == "" {
+		return // most events: no key, no lookup on the ack path
+	}
+	if k, ok := b.keyed[ev.keyedID]; ok && k.ref == ref {
 		delete(b.keyed, ev.keyedID)
 	}
 }
