@@ -105,16 +105,17 @@ func TestExternalNATS_ReconnectsAndResumesWithoutReportingFailed(t *testing.T) {
 	}
 }
 
-// lossyJS loses the answers to the first `lose` publishes, after they were stored.
-type lossyJS struct {
-	jetstream.JetStream
+// lossyRequests loses the answers to the first `lose` publish attempts, after they
+// were stored.
+type lossyRequests struct {
+	send func(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error)
 	mu   sync.Mutex
 	lose int
 	ids  []string
 }
 
-func (l *lossyJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	ack, err := l.JetStream.PublishMsg(ctx, msg, opts...)
+func (l *lossyRequests) request(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {
+	ack, err := l.send(ctx, msg)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ids = append(l.ids, msg.Header.Get(HeaderIdempotencyKey))
@@ -130,8 +131,8 @@ func TestExternalNATS_ALostAnswerIsRetriedWithTheSameIDAndStoredOnce(t *testing.
 	f := newExternalFixture(t)
 	e := f.broker(t, func(c *NATSConfig) { c.PublishTimeout = time.Second })
 	ctx := testCtx(t)
-	lossy := &lossyJS{JetStream: e.js, lose: 2}
-	e.core.js = lossy
+	lossy := &lossyRequests{send: e.core.request, lose: 2}
+	e.core.request = lossy.request
 	topic := Topic{Tenant: "acme", Table: "t"}
 	stream := e.core.partitions[Partition("acme", e.topo.Partitions)]
 	require.NoError(t, e.Publish(ctx, topic, []byte("x")))

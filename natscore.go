@@ -53,6 +53,11 @@ type natsCore struct {
 	// by another stream.
 	lostTopology func(stream string, err error)
 
+	// replies are the reply subjects synchronous publishes wait on; request is one
+	// attempt of such a publish (send), requestOnSlot.
+	replies replySlots
+	request func(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error)
+
 	// async is the JetStream context of pipelined batches (asyncJS).
 	asyncOnce sync.Once
 	async     jetstream.JetStream
@@ -75,7 +80,9 @@ func newNATSCore(topo NATSTopology, nc *nats.Conn, js jetstream.JetStream, log *
 		lostTopology: func(string, error) {},
 		stoppers:     make(map[int]func()),
 		parts:        make(map[*part]struct{}),
+		replies:      replySlots{nc: nc},
 	}
+	c.request = c.requestOnSlot
 	for p := range topo.Partitions {
 		c.partitions = append(c.partitions, topo.PartitionStream(p))
 	}

@@ -194,10 +194,7 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 				return nil, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
 			}
 		}
-		msg := &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(ev.header)}
-		actx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
-		ack, err := c.js.PublishMsg(actx, msg, noRetries)
-		cancel()
+		ack, err := c.request(ctx, &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(ev.header)})
 		if err == nil {
 			return ack, nil
 		}
@@ -254,6 +251,18 @@ func cloneHeaders(h Headers) Headers {
 		out[k] = append([]string(nil), v...)
 	}
 	return out
+}
+
+// requestOnSlot sends one attempt of a synchronous publish and waits at most
+// PublishTimeout for its answer, on a reply slot (publish_reply.go). It is
+// natsCore.request, unless a test loses answers in between.
+func (c *natsCore) requestOnSlot(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {
+	s, err := c.replies.take()
+	if err != nil {
+		return nil, err
+	}
+	defer c.replies.put(s)
+	return s.request(ctx, c.nc, msg, c.topo.PublishTimeout)
 }
 
 // noAnswer reports whether err means the answer to a publish never came: the event
