@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // coalescer is group commit for Publish: the calls on a partition that arrive while a
@@ -25,8 +26,9 @@ type coalescer struct {
 	// settle is told each event's outcome once, before its caller is: EmbeddedNATS
 	// commits or gives back the reservation there, so a queued caller that stops
 	// waiting (its ctx ends) leaves its budget exact.
-	settle func(partition int, r *reservation, s stored)
-	parts  []coalescing
+	settle    func(partition int, r *reservation, s stored)
+	parts     []coalescing
+	lingerFor time.Duration // coalesceLinger; a test may set its own
 	// flushes are the running flush goroutines: Close waits for them, as it does for
 	// everything the broker started.
 	flushes sync.WaitGroup
@@ -39,7 +41,21 @@ type coalescing struct {
 	busy  bool
 	queue []*queued
 	spare []*queued // a sent queue's array, for the next queue
+	// last is how many calls the send that just ended carried: callers that may
+	// publish again at once. While the flush lingers for them, full is closed once
+	// the queue holds want calls.
+	last int
+	want int
+	full chan struct{}
 }
+
+// coalesceLinger bounds how long a flush waits for the callers of the send that just
+// ended to publish again, before it sends what queued meanwhile. Without the wait,
+// callers that publish in a loop split into groups that take turns, each paying an
+// atomic batch's staging (about 2.2 ms, see minAtomicChunk). Measured with 32 callers
+// under fsync: without it the batches were mostly 14 and 18 events, 0.93–1.11x raw
+// in three runs; with it 82 of 97 batches held all 32, 1.17–1.31x raw.
+const coalesceLinger = 200 * time.Microsecond
 
 // queued is a call waiting for the next batch of its partition.
 type queued struct {
@@ -53,7 +69,7 @@ type queued struct {
 }
 
 func newCoalescer(core *natsCore, settle func(int, *reservation, stored)) *coalescer {
-	return &coalescer{core: core, settle: settle, parts: make([]coalescing, core.topo.Partitions)}
+	return &coalescer{core: core, settle: settle, parts: make([]coalescing, core.topo.Partitions), lingerFor: coalesceLinger}
 }
 
 // publish sends ev to partition p, alone or with the calls that wait beside it, and
@@ -83,6 +99,10 @@ func (g *coalescer) publish(ctx context.Context, p int, ev outgoing, r *reservat
 	ev.data = bytes.Clone(ev.data)
 	q := &queued{ev: ev, r: r, out: make(chan error, 1)}
 	part.queue = append(part.queue, q)
+	if part.full != nil && len(part.queue) >= part.want {
+		close(part.full)
+		part.full = nil
+	}
 	part.mu.Unlock()
 	handed = true
 	select {
@@ -130,6 +150,7 @@ func (g *coalescer) handOff(p int) {
 		part.busy = false
 		return
 	}
+	part.last = 1 // sendAlone's
 	g.flushes.Go(func() { g.flush(p) })
 }
 
@@ -142,6 +163,11 @@ func (g *coalescer) flush(p int) {
 	part := &g.parts[p]
 	for {
 		part.mu.Lock()
+		// What queued behind the send that just ended, with that send's callers
+		// back, may make one atomic batch: wait a moment for them.
+		if n := len(part.queue); n > 0 && n+part.last >= minAtomicChunk {
+			g.linger(part, n+part.last)
+		}
 		batch, whole := part.queue, len(part.queue) <= MaxAtomicBatch
 		switch {
 		case len(batch) == 0:
@@ -153,6 +179,7 @@ func (g *coalescer) flush(p int) {
 		default:
 			batch, part.queue = batch[:MaxAtomicBatch:MaxAtomicBatch], batch[MaxAtomicBatch:]
 		}
+		part.last = len(batch)
 		part.mu.Unlock()
 		g.sendGuarded(p, batch)
 		clear(batch) // the calls' data is not kept alive by the array
@@ -162,6 +189,22 @@ func (g *coalescer) flush(p int) {
 			part.mu.Unlock()
 		}
 	}
+}
+
+// linger waits, at most g.lingerFor, until part's queue holds want calls. Called and
+// returns with part.mu held.
+func (g *coalescer) linger(part *coalescing, want int) {
+	full := make(chan struct{})
+	part.want, part.full = want, full
+	part.mu.Unlock()
+	t := time.NewTimer(g.lingerFor)
+	select {
+	case <-full:
+	case <-t.C:
+	}
+	t.Stop()
+	part.mu.Lock()
+	part.full = nil
 }
 
 // sendGuarded is sendQueued, except that a panic in it (a bug) fails the calls of

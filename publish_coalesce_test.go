@@ -181,6 +181,33 @@ func TestEmbeddedNATS_UnderFsyncWaitingPublishesWithRepeatedKeysAreEachStoredOnc
 	assert.Zero(t, b.backlog(t, "acme"), "all acknowledged")
 }
 
+// TestEmbeddedNATS_UnderFsyncTheCallersOfASendThatEndedJoinWhatQueuedBehindIt: after
+// a send, the flush waits for its callers to publish again before it sends what
+// queued meanwhile, so callers that publish in a loop go as one atomic batch instead
+// of taking turns in two. The wait is made long here, so the test does not race it.
+func TestEmbeddedNATS_UnderFsyncTheCallersOfASendThatEndedJoinWhatQueuedBehindIt(t *testing.T) {
+	b := openFsync(t, "")
+	b.commits.lingerFor = time.Minute
+	ctx := testCtx(t)
+	p, release := holdPartition(t, b.EmbeddedNATS, "acme")
+	wait := publishAll(ctx, b.EmbeddedNATS, plainEvents(minAtomicChunk-1)) // one short of an atomic batch
+	waitQueued(t, b.EmbeddedNATS, p, minAtomicChunk-1)
+	release() // the send in flight ends; its caller publishes again below
+	part := &b.commits.parts[p]
+	require.Eventually(t, func() bool { part.mu.Lock(); defer part.mu.Unlock(); return part.full != nil },
+		15*time.Second, time.Millisecond, "the flush waits for the send's caller")
+	require.NoError(t, b.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("back")))
+	for i, err := range wait() {
+		require.NoError(t, err, "publish %d", i)
+	}
+	batches := storedBatchIDs(t, b.EmbeddedNATS, "acme")
+	require.Len(t, batches, minAtomicChunk, "every event stored once")
+	assert.NotEmpty(t, batches["back"], "an atomic batch")
+	for data, id := range batches {
+		assert.Equal(t, batches["back"], id, "%s in the one batch", data)
+	}
+}
+
 // TestEmbeddedNATS_UnderFsyncAFewWaitingPublishesArePipelinedNotBatched: fewer waiting
 // calls than minAtomicChunk go pipelined (an atomic batch's staging costs more than
 // their fsyncs), each stored and confirmed.
