@@ -338,6 +338,7 @@ func (e *ExternalNATS) Close() error {
 		e.watchCancel()
 		<-e.watchDone
 		e.core.stopAll()
+		e.core.replies.settle(drainTimeout) // answers still due, which the drain would lose
 		if err := e.nc.Drain(); err != nil {
 			e.nc.Close()
 		}

@@ -20,6 +20,8 @@ type loopbackProxy struct {
 	mu       sync.Mutex
 	conns    map[net.Conn]bool
 	dropping bool
+	holding  bool
+	released *sync.Cond // holding ended
 	wg       sync.WaitGroup
 }
 
@@ -30,6 +32,7 @@ func newLoopbackProxy(t *testing.T, target string) *loopbackProxy {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	p := &loopbackProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.released = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
@@ -52,6 +55,22 @@ func (p *loopbackProxy) dropFromServer() {
 	p.mu.Unlock()
 }
 
+// holdFromClient keeps, from now on, what the clients send on the open connections
+// until release: their requests reach the server late, in order.
+func (p *loopbackProxy) holdFromClient() {
+	p.mu.Lock()
+	p.holding = true
+	p.mu.Unlock()
+}
+
+// release forwards what holdFromClient kept, and everything after.
+func (p *loopbackProxy) release() {
+	p.mu.Lock()
+	p.holding = false
+	p.released.Broadcast()
+	p.mu.Unlock()
+}
+
 // resume forwards what the server sends again, on the connections still open: what
 // was dropped meanwhile stays lost, as the answers a short outage swallowed are.
 func (p *loopbackProxy) resume() {
@@ -68,7 +87,8 @@ func (p *loopbackProxy) cut() {
 		_ = c.Close()
 	}
 	p.conns = map[net.Conn]bool{}
-	p.dropping = false
+	p.dropping, p.holding = false, false
+	p.released.Broadcast()
 	p.mu.Unlock()
 }
 
@@ -101,6 +121,9 @@ func (p *loopbackProxy) pump(src, dst net.Conn, fromServer bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if !fromServer {
+			p.waitWhileHeld()
+		}
 		if n > 0 && (!fromServer || !p.isDropping()) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -110,6 +133,14 @@ func (p *loopbackProxy) pump(src, dst net.Conn, fromServer bool) {
 			return
 		}
 	}
+}
+
+func (p *loopbackProxy) waitWhileHeld() {
+	p.mu.Lock()
+	for p.holding {
+		p.released.Wait()
+	}
+	p.mu.Unlock()
 }
 
 func (p *loopbackProxy) isDropping() bool {

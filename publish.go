@@ -261,6 +261,11 @@ func (c *natsCore) requestOnSlot(ctx context.Context, msg *nats.Msg) (*jetstream
 	if err != nil {
 		return nil, err
 	}
+	if s == nil { // every slot in use
+		actx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
+		defer cancel()
+		return c.js.PublishMsg(actx, msg, noRetries)
+	}
 	defer c.replies.put(s)
 	return s.request(ctx, c.nc, msg, c.topo.PublishTimeout)
 }

@@ -93,6 +93,39 @@ func TestPublish_CloseWithAnswersPendingEndsEveryCallerWithErrClosed(t *testing.
 	}
 }
 
+// TestPublish_CloseLetsAPublishInFlightHaveItsAnswer: Close drains the connection, and
+// a drain ends the subscriptions first; a publish whose answer the stream has not sent
+// yet keeps its reply subject until the answer comes, so its caller learns the event
+// was stored. The publish reaches the server only once Close has begun.
+func TestPublish_CloseLetsAPublishInFlightHaveItsAnswer(t *testing.T) {
+	t.Parallel()
+	f, p, e := proxiedBroker(t, 30*time.Second)
+	ctx := testCtx(t)
+	topic := Topic{Tenant: "acme", Table: "closing-late"}
+	_, part, err := e.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	stream := e.core.partitions[part]
+	before := f.streamMsgs(t, stream)
+
+	p.holdFromClient()
+	done := make(chan error, 1)
+	go func() { done <- e.Publish(ctx, topic, []byte("x")) }()
+	require.Eventually(t, func() bool {
+		e.core.replies.mu.Lock()
+		defer e.core.replies.mu.Unlock()
+		return e.core.replies.busy == 1
+	},
+		10*time.Second, time.Millisecond, "the publish waits for its answer")
+	closed := make(chan struct{})
+	go func() { _ = e.Close(); close(closed) }()
+	require.Eventually(t, e.core.closed.Load, 10*time.Second, time.Millisecond, "Close began")
+	p.release()
+
+	require.NoError(t, <-done, "stored, and told so")
+	<-closed
+	assert.Equal(t, before+1, f.streamMsgs(t, stream))
+}
+
 func TestEmbeddedNATS_CloseUnderConcurrentPublishesEndsEachWithSuccessOrErrClosed(t *testing.T) {
 	t.Parallel()
 	e := openEmbedded(t, t.TempDir())

@@ -165,8 +165,8 @@ func (g *coalescer) flush(p int) {
 		part.mu.Lock()
 		// What queued behind the send that just ended, with that send's callers
 		// back, may make one atomic batch: wait a moment for them.
-		if n := len(part.queue); n > 0 && n+part.last >= minAtomicChunk {
-			g.linger(part, n+part.last)
+		if n, want := len(part.queue), min(len(part.queue)+part.last, MaxAtomicBatch); n > 0 && n < want && want >= minAtomicChunk {
+			g.linger(part, want)
 		}
 		batch, whole := part.queue, len(part.queue) <= MaxAtomicBatch
 		switch {

@@ -260,12 +260,6 @@ func TestEmbeddedNATS_UnderFsyncPublishesWaitingAtCloseReturnErrClosed(t *testin
 	assert.Zero(t, e.budgets.used["acme"], "nothing held")
 }
 
-// panicOnDone is a context whose Done panics: only the send itself calls it (Publish
-// checks Err first), so the panic comes while the partition is busy.
-type panicOnDone struct{ context.Context }
-
-func (panicOnDone) Done() <-chan struct{} { panic("mq test: Done called") }
-
 // TestEmbeddedNATS_UnderFsyncAPublishThatPanicsGivesItsPartitionBack: a send that
 // panics (here in its caller's ctx) gives back its reservation and leaves its
 // partition free for the next call.

@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,44 +19,59 @@ import (
 // jetstream's PublishMsg) routes every answer through its response multiplexer's
 // goroutine first. Measured on loopback, one caller, an in-process server under the
 // periodic sync: the publish's p50 went from 37–42 µs to 32–34 µs.
+//
+// A slot serves one request at a time. One whose request got no answer (it timed out,
+// its caller gave up, the connection closed) is dropped, not reused: a late answer then
+// finds no subscriber, and a slot never holds answers to more than one request.
 
-// maxIdleReplySlots bounds the slots kept between calls: more callers than that at
-// once make slots of their own and drop them after.
-const maxIdleReplySlots = 256
+// maxReplySlots bounds the slots a connection keeps subscribed, idle or in use: each
+// is a subscription on the server, and an account may limit those. Callers beyond it
+// use nats.go's own request.
+const maxReplySlots = 64
 
-// replySlots are a connection's idle slots.
+// replySlots are a connection's slots.
 type replySlots struct {
 	nc   *nats.Conn
 	mu   sync.Mutex
 	idle []*replySlot
+	open int // subscribed: idle or in use
+	busy int // in use
+	max  int // maxReplySlots; a test may set its own
 }
 
 // replySlot is one caller's subscription to answers, on "<inbox>.<n>" where n counts
-// its requests, so an answer that comes after its caller gave up (a lost attempt, a
-// cancelled ctx) is told from the answer to the slot's next request.
+// its requests, so an answer to an earlier request is never taken for the current one.
 type replySlot struct {
 	sub    *nats.Subscription
 	answer chan *nats.Msg
 	inbox  string // "<inbox>."
 	n      uint64
 	timer  *time.Timer
-	gone   chan struct{} // closed when the connection closed
+	gone   chan struct{} // closed when the subscription ends (Close, Drain)
+	spoilt bool          // a request got no answer: dropped by put
 }
 
-// take hands out an idle slot, or subscribes a new one.
+// take hands out an idle slot, or subscribes a new one; nil when maxReplySlots are in
+// use.
 func (r *replySlots) take() (*replySlot, error) {
 	r.mu.Lock()
 	if n := len(r.idle); n > 0 {
 		s := r.idle[n-1]
 		r.idle = r.idle[:n-1]
+		r.busy++
 		r.mu.Unlock()
 		return s, nil
 	}
+	if r.open >= cmp.Or(r.max, maxReplySlots) {
+		r.mu.Unlock()
+		return nil, nil
+	}
+	r.open++
+	r.busy++
 	r.mu.Unlock()
 	s := &replySlot{
-		// One answer per request is ever outstanding; the room above it holds late
-		// answers to earlier ones until the next request skips them.
-		answer: make(chan *nats.Msg, 4),
+		// One request at a time, and its answer at most once.
+		answer: make(chan *nats.Msg, 1),
 		inbox:  r.nc.NewInbox() + ".",
 		timer:  time.NewTimer(time.Hour),
 		gone:   make(chan struct{}),
@@ -63,25 +79,47 @@ func (r *replySlots) take() (*replySlot, error) {
 	s.timer.Stop()
 	sub, err := r.nc.ChanSubscribe(s.inbox+"*", s.answer)
 	if err != nil {
+		r.mu.Lock()
+		r.open--
+		r.busy--
+		r.mu.Unlock()
 		return nil, err
 	}
-	// A channel subscription's channel stays open when the connection closes; this
-	// is how a caller still waiting hears of it.
-	sub.SetClosedHandler(func(string) { close(s.gone) })
+	// A channel subscription's channel stays open when it ends; this is how a caller
+	// still waiting hears of it. nats.go may report the end more than once.
+	var once sync.Once
+	sub.SetClosedHandler(func(string) { once.Do(func() { close(s.gone) }) })
 	s.sub = sub
 	return s, nil
 }
 
-// put gives s back for the next caller.
+// put gives s back for the next caller, or drops it if a request of its got no answer.
 func (r *replySlots) put(s *replySlot) {
 	r.mu.Lock()
-	if len(r.idle) < maxIdleReplySlots {
+	r.busy--
+	if !s.spoilt {
 		r.idle = append(r.idle, s)
-		s = nil
+		r.mu.Unlock()
+		return
 	}
+	r.open--
 	r.mu.Unlock()
-	if s != nil {
-		_ = s.sub.Unsubscribe()
+	_ = s.sub.Unsubscribe()
+}
+
+// settle waits, at most timeout, until no slot is in use: a drain ends the slots'
+// subscriptions first, where nats.go keeps its own request's to the last, so a
+// publish in flight would lose its answer.
+func (r *replySlots) settle(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		r.mu.Lock()
+		busy := r.busy
+		r.mu.Unlock()
+		if busy == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -90,6 +128,9 @@ func (r *replySlots) put(s *replySlot) {
 // ErrNoStreamResponse when no stream listens, the server's *APIError, ErrInvalidJSAck,
 // and context.DeadlineExceeded when no answer came in time.
 func (s *replySlot) request(ctx context.Context, nc *nats.Conn, msg *nats.Msg, timeout time.Duration) (*jetstream.PubAck, error) {
+	// Spoilt until its answer came: a wait cut short, by a panic in ctx too, drops
+	// the slot.
+	s.spoilt = true
 	s.n++
 	reply := s.inbox + strconv.FormatUint(s.n, 10)
 	msg.Reply = reply
@@ -98,21 +139,33 @@ func (s *replySlot) request(ctx context.Context, nc *nats.Conn, msg *nats.Msg, t
 	}
 	s.timer.Reset(timeout)
 	defer s.timer.Stop()
-	for {
-		select {
-		case m := <-s.answer:
-			if m.Subject != reply {
-				continue // late, to an earlier request
-			}
-			return pubAckOf(m)
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-s.timer.C:
-			return nil, context.DeadlineExceeded
-		case <-s.gone:
-			return nil, nats.ErrConnectionClosed
-		}
+	var err error
+	select {
+	case m := <-s.answer:
+		return s.read(m, reply)
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-s.timer.C:
+		err = context.DeadlineExceeded
+	case <-s.gone:
+		err = nats.ErrConnectionClosed
 	}
+	// The answer may have come with the end of the wait (select picks either).
+	select {
+	case m := <-s.answer:
+		return s.read(m, reply)
+	default:
+	}
+	return nil, err
+}
+
+// read reads the answer m to the request that waits on reply.
+func (s *replySlot) read(m *nats.Msg, reply string) (*jetstream.PubAck, error) {
+	if m.Subject != reply { // not expected: a slot is dropped after a request without answer
+		return nil, fmt.Errorf("publish: answer on %s while waiting on %s: %w", m.Subject, reply, jetstream.ErrInvalidJSAck)
+	}
+	s.spoilt = false
+	return pubAckOf(m)
 }
 
 // pubAnswer is a stream's answer to a publish.

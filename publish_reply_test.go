@@ -33,7 +33,7 @@ func answerWith(t *testing.T, f *natsFixture, subject, data string) {
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 }
 
-func TestReplySlot_AnAnswerThatCameAfterItsCallerGaveUpIsNotTakenForTheNextRequests(t *testing.T) {
+func TestReplySlot_ASlotWhoseRequestGotNoAnswerIsDroppedSoItsLateAnswerReachesNoLaterCaller(t *testing.T) {
 	f := newNATSFixture(t)
 	nc := replyConn(t, f)
 	r := &replySlots{nc: nc}
@@ -43,16 +43,23 @@ func TestReplySlot_AnAnswerThatCameAfterItsCallerGaveUpIsNotTakenForTheNextReque
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	require.NoError(t, f.nc.Flush())
 	answerWith(t, f, "svc.second", `{"stream":"S","seq":2}`)
+	base := nc.NumSubscriptions()
 
 	s, err := r.take()
 	require.NoError(t, err)
 	_, err = s.request(testCtx(t), nc, nats.NewMsg("svc.first"), 50*time.Millisecond)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "nobody answered in time")
+	r.put(s)
+	assert.False(t, s.sub.IsValid(), "the slot was unsubscribed")
+	assert.Equal(t, base, nc.NumSubscriptions())
+	assert.Zero(t, r.open)
 	require.NoError(t, f.nc.Publish(<-held, []byte(`{"stream":"S","seq":1}`)))
-	require.Eventually(t, func() bool { return len(s.answer) == 1 }, 10*time.Second, time.Millisecond,
-		"the late answer reached the slot")
+	require.NoError(t, f.nc.Flush())
 
-	ack, err := s.request(testCtx(t), nc, nats.NewMsg("svc.second"), time.Minute)
+	next, err := r.take()
+	require.NoError(t, err)
+	defer r.put(next)
+	ack, err := next.request(testCtx(t), nc, nats.NewMsg("svc.second"), time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(2), ack.Sequence, "the second request's own answer, not the late one")
 }
@@ -105,6 +112,9 @@ func TestReplySlot_ACallerWhoseContextEndsGetsItsContextsError(t *testing.T) {
 	<-arrived
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
+	r.put(s)
+	assert.Empty(t, r.idle, "a slot left waiting is not reused")
+	assert.False(t, s.sub.IsValid())
 }
 
 // The answers a slot reads as jetstream's PublishMsg does, one row per outcome.
@@ -145,52 +155,97 @@ func TestReplySlot_ReadsEachAnswerAsJetStreamsPublishDoes(t *testing.T) {
 	assert.True(t, noAnswer(err), "sent again, as a lost answer is")
 }
 
-func TestReplySlots_AreReusedAndAtMostTheBoundStaySubscribedAfterABurst(t *testing.T) {
+func TestReplySlots_AreReusedAndNoMoreThanTheBoundAreSubscribed(t *testing.T) {
 	f := newNATSFixture(t)
 	nc := replyConn(t, f)
-	r := &replySlots{nc: nc}
+	const bound = 4
+	r := &replySlots{nc: nc, max: bound}
 	answerWith(t, f, "svc.stored", `{"stream":"S","seq":1}`)
 	base := nc.NumSubscriptions()
-	ask := func() error {
-		s, err := r.take()
-		if err != nil {
-			return err
-		}
-		defer r.put(s)
-		_, err = s.request(testCtx(t), nc, nats.NewMsg("svc.stored"), time.Minute)
+	ask := func(s *replySlot) error {
+		_, err := s.request(testCtx(t), nc, nats.NewMsg("svc.stored"), time.Minute)
 		return err
 	}
 
 	for range 10 {
-		require.NoError(t, ask())
+		s, err := r.take()
+		require.NoError(t, err)
+		require.NoError(t, ask(s))
+		r.put(s)
 	}
 	assert.Equal(t, base+1, nc.NumSubscriptions(), "one caller at a time: one slot")
 
-	// More callers at once than the bound: each holds its slot until all have one.
-	callers := maxIdleReplySlots + 44
-	var all, wg sync.WaitGroup
-	all.Add(callers)
-	errs := make(chan error, callers)
-	for range callers {
+	var held []*replySlot
+	for range bound {
+		s, err := r.take()
+		require.NoError(t, err)
+		require.NotNil(t, s)
+		held = append(held, s)
+	}
+	s, err := r.take()
+	require.NoError(t, err)
+	assert.Nil(t, s, "every slot in use: the caller uses nats.go's request")
+	assert.Equal(t, base+bound, nc.NumSubscriptions())
+	for _, s := range held {
+		require.NoError(t, ask(s))
+		r.put(s)
+	}
+	s, err = r.take()
+	require.NoError(t, err)
+	require.NotNil(t, s, "given back, a slot serves the next caller")
+	require.NoError(t, ask(s))
+	r.put(s)
+	assert.Equal(t, base+bound, nc.NumSubscriptions())
+}
+
+func TestEmbeddedNATS_PublishersBeyondTheReplySlotsAreEachStoredAndConfirmed(t *testing.T) {
+	e := openEmbedded(t, "")
+	e.core.replies.max = 1 // before any publish
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "t"}
+	const callers = 16
+	var wg sync.WaitGroup
+	errs := make([]error, callers)
+	for i := range callers {
 		wg.Go(func() {
-			s, err := r.take()
-			all.Done()
-			if err != nil {
-				errs <- err
-				return
+			for range 10 {
+				if err := e.Publish(ctx, topic, []byte("x")); err != nil {
+					errs[i] = err
+					return
+				}
 			}
-			all.Wait()
-			_, err = s.request(testCtx(t), nc, nats.NewMsg("svc.stored"), time.Minute)
-			r.put(s)
-			errs <- err
 		})
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
+	for i, err := range errs {
+		require.NoError(t, err, "caller %d", i)
 	}
-	assert.Len(t, r.idle, maxIdleReplySlots)
-	assert.Equal(t, base+maxIdleReplySlots, nc.NumSubscriptions(), "the slots over the bound unsubscribed")
-	require.NoError(t, ask(), "an idle slot still answers")
+	s, err := e.js.Stream(ctx, e.core.partitions[Partition("acme", e.topo.Partitions)])
+	require.NoError(t, err)
+	assert.Equal(t, uint64(callers*10), s.CachedInfo().State.Msgs, "every event stored once")
+	assert.Equal(t, 1, e.core.replies.open, "the one slot, the rest through nats.go's request")
+}
+
+// panicOnDone is a context whose Done panics: only the send itself calls it (Publish
+// checks Err first), so the panic comes while the event is on its way.
+type panicOnDone struct{ context.Context }
+
+func (panicOnDone) Done() <-chan struct{} { panic("mq test: Done called") }
+
+func TestReplySlot_ASlotWhoseWaitPanickedIsDroppedNotGivenToTheNextCaller(t *testing.T) {
+	f := newNATSFixture(t)
+	nc := replyConn(t, f)
+	r := &replySlots{nc: nc}
+	answerWith(t, f, "svc.stored", `{"stream":"S","seq":1}`)
+
+	s, err := r.take()
+	require.NoError(t, err)
+	require.PanicsWithValue(t, "mq test: Done called", func() {
+		defer r.put(s)
+		_, _ = s.request(panicOnDone{testCtx(t)}, nc, nats.NewMsg("svc.stored"), time.Minute)
+	})
+	assert.Empty(t, r.idle, "its answer may still come: the slot is dropped")
+	assert.False(t, s.sub.IsValid())
+	assert.Zero(t, r.busy)
 }
