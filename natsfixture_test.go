@@ -135,7 +135,7 @@ func shapeOf(topo NATSTopology) *shape {
 }
 
 // stream returns the named stream's configuration for editing.
-func (s *shape) stream(t *testing.T, name string) *jetstream.StreamConfig {
+func (s *shape) stream(t testing.TB, name string) *jetstream.StreamConfig {
 	i := slices.IndexFunc(s.streams, func(c jetstream.StreamConfig) bool { return c.Name == name })
 	require.GreaterOrEqual(t, i, 0, "no stream %s", name)
 	return &s.streams[i]
