@@ -25,15 +25,21 @@ func awaitStored(t *testing.T, f *externalFixture, stream string, n uint64) {
 		"stream %s never held %d events", stream, n)
 }
 
+// storedOn is the partition stream that stores topic, and how many events it holds.
+func storedOn(t *testing.T, f *externalFixture, e *ExternalNATS, topic Topic) (stream string, stored uint64) {
+	t.Helper()
+	_, part, err := e.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	stream = e.core.partitions[part]
+	return stream, f.streamMsgs(t, stream)
+}
+
 func TestPublish_ALostAnswerIsSentAgainWithItsIDAndStoredOnce(t *testing.T) {
 	t.Parallel()
 	f, p, e := proxiedBroker(t, 3*time.Second)
 	ctx := testCtx(t)
 	topic := Topic{Tenant: "acme", Table: "lost-answer"}
-	_, part, err := e.core.subs.ingestTopic(topic)
-	require.NoError(t, err)
-	stream := e.core.partitions[part]
-	before := f.streamMsgs(t, stream)
+	stream, before := storedOn(t, f, e, topic)
 
 	p.dropFromServer()
 	done := make(chan error, 1)
@@ -49,10 +55,7 @@ func TestPublish_ACallerThatGivesUpWhileItsAnswerIsPendingGetsItsContextsError(t
 	t.Parallel()
 	f, p, e := proxiedBroker(t, 30*time.Second) // only the caller can end the wait
 	topic := Topic{Tenant: "acme", Table: "given-up"}
-	_, part, err := e.core.subs.ingestTopic(topic)
-	require.NoError(t, err)
-	stream := e.core.partitions[part]
-	before := f.streamMsgs(t, stream)
+	stream, before := storedOn(t, f, e, topic)
 
 	p.dropFromServer()
 	ctx, cancel := context.WithCancel(testCtx(t))
@@ -60,7 +63,7 @@ func TestPublish_ACallerThatGivesUpWhileItsAnswerIsPendingGetsItsContextsError(t
 	go func() { done <- e.Publish(ctx, topic, []byte("x")) }()
 	awaitStored(t, f, stream, before+1)
 	cancel()
-	err = <-done
+	err := <-done
 	require.ErrorIs(t, err, context.Canceled)
 	assert.NotErrorIs(t, err, ErrUnavailable)
 }
@@ -69,10 +72,7 @@ func TestPublish_CloseWithAnswersPendingEndsEveryCallerWithErrClosed(t *testing.
 	t.Parallel()
 	f, p, e := proxiedBroker(t, 30*time.Second) // only the close can end the waits
 	topic := Topic{Tenant: "acme", Table: "closing"}
-	_, part, err := e.core.subs.ingestTopic(topic)
-	require.NoError(t, err)
-	stream := e.core.partitions[part]
-	before := f.streamMsgs(t, stream)
+	stream, before := storedOn(t, f, e, topic)
 
 	p.dropFromServer()
 	ctx := testCtx(t)
@@ -102,10 +102,7 @@ func TestPublish_CloseLetsAPublishInFlightHaveItsAnswer(t *testing.T) {
 	f, p, e := proxiedBroker(t, 30*time.Second)
 	ctx := testCtx(t)
 	topic := Topic{Tenant: "acme", Table: "closing-late"}
-	_, part, err := e.core.subs.ingestTopic(topic)
-	require.NoError(t, err)
-	stream := e.core.partitions[part]
-	before := f.streamMsgs(t, stream)
+	stream, before := storedOn(t, f, e, topic)
 
 	p.holdFromClient()
 	done := make(chan error, 1)

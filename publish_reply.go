@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -39,13 +38,13 @@ type replySlots struct {
 	max  int // maxReplySlots; a test may set its own
 }
 
-// replySlot is one caller's subscription to answers, on "<inbox>.<n>" where n counts
-// its requests, so an answer to an earlier request is never taken for the current one.
+// replySlot is one caller's subscription to answers on an inbox of its own. Whatever
+// comes on it answers the request in flight: a slot whose request went unanswered is
+// dropped (put), so no earlier answer can still arrive.
 type replySlot struct {
 	sub    *nats.Subscription
 	answer chan *nats.Msg
-	inbox  string // "<inbox>."
-	n      uint64
+	inbox  string
 	timer  *time.Timer
 	gone   chan struct{} // closed when the subscription ends (Close, Drain)
 	spoilt bool          // a request got no answer: dropped by put
@@ -72,12 +71,12 @@ func (r *replySlots) take() (*replySlot, error) {
 	s := &replySlot{
 		// One request at a time, and its answer at most once.
 		answer: make(chan *nats.Msg, 1),
-		inbox:  r.nc.NewInbox() + ".",
+		inbox:  r.nc.NewInbox(),
 		timer:  time.NewTimer(time.Hour),
 		gone:   make(chan struct{}),
 	}
 	s.timer.Stop()
-	sub, err := r.nc.ChanSubscribe(s.inbox+"*", s.answer)
+	sub, err := r.nc.ChanSubscribe(s.inbox, s.answer)
 	if err != nil {
 		r.mu.Lock()
 		r.open--
@@ -123,7 +122,7 @@ func (r *replySlots) settle(timeout time.Duration) {
 	}
 }
 
-// request publishes msg with s's next reply subject and waits at most timeout for the
+// request publishes msg with s's inbox as its reply subject and waits at most timeout for the
 // stream's answer. Its errors are jetstream's PublishMsg's for the same outcomes:
 // ErrNoStreamResponse when no stream listens, the server's *APIError, ErrInvalidJSAck,
 // and context.DeadlineExceeded when no answer came in time.
@@ -131,9 +130,7 @@ func (s *replySlot) request(ctx context.Context, nc *nats.Conn, msg *nats.Msg, t
 	// Spoilt until its answer came: a wait cut short, by a panic in ctx too, drops
 	// the slot.
 	s.spoilt = true
-	s.n++
-	reply := s.inbox + strconv.FormatUint(s.n, 10)
-	msg.Reply = reply
+	msg.Reply = s.inbox
 	if err := nc.PublishMsg(msg); err != nil {
 		return nil, err
 	}
@@ -142,7 +139,7 @@ func (s *replySlot) request(ctx context.Context, nc *nats.Conn, msg *nats.Msg, t
 	var err error
 	select {
 	case m := <-s.answer:
-		return s.read(m, reply)
+		return s.read(m)
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-s.timer.C:
@@ -153,17 +150,14 @@ func (s *replySlot) request(ctx context.Context, nc *nats.Conn, msg *nats.Msg, t
 	// The answer may have come with the end of the wait (select picks either).
 	select {
 	case m := <-s.answer:
-		return s.read(m, reply)
+		return s.read(m)
 	default:
 	}
 	return nil, err
 }
 
-// read reads the answer m to the request that waits on reply.
-func (s *replySlot) read(m *nats.Msg, reply string) (*jetstream.PubAck, error) {
-	if m.Subject != reply { // not expected: a slot is dropped after a request without answer
-		return nil, fmt.Errorf("publish: answer on %s while waiting on %s: %w", m.Subject, reply, jetstream.ErrInvalidJSAck)
-	}
+// read reads the answer m to the request in flight: s may serve the next one.
+func (s *replySlot) read(m *nats.Msg) (*jetstream.PubAck, error) {
 	s.spoilt = false
 	return pubAckOf(m)
 }
