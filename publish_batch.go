@@ -305,6 +305,13 @@ func (c *natsCore) sendPipelined(ctx context.Context, events []outgoing) []store
 		}
 		futures := make([]jetstream.PubAckFuture, len(todo))
 		for k, i := range todo {
+			// A caller that gave up gets nothing more sent: PublishMsgAsync takes no
+			// ctx, and an event sent after the reservation was let go with its error
+			// would be stored uncounted by the budget.
+			if err := ctx.Err(); err != nil {
+				results[i].err = err
+				continue
+			}
 			ev := events[i]
 			// As in send: the headers hold the message id and the expected stream, so
 			// nothing is copied per event or attempt.

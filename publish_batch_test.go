@@ -131,6 +131,32 @@ func TestEmbeddedNATS_ABatchOverTheTenantsBudgetIsRefusedWholeAndStoresNothing(t
 	})
 }
 
+// A pipelined batch (under fsync, one below minAtomicChunk events; under NoSync, any)
+// whose caller already gave up sends nothing: its reservation is let go with its
+// error, so what it sent would be stored beyond the tenant's budget.
+func TestEmbeddedNATS_APipelinedBatchWhoseCtxIsDoneStoresNothing(t *testing.T) {
+	for _, noSync := range []bool{true, false} {
+		t.Run(map[bool]string{true: "NoSync", false: "fsync"}[noSync], func(t *testing.T) {
+			e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.NoSync = noSync })
+			ctx := testCtx(t)
+			require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+			done, cancel := context.WithCancel(ctx)
+			cancel()
+			for range 3 {
+				err := e.PublishBatch(done, batchOf("acme", false, false, "row", minAtomicChunk-1))
+				require.ErrorIs(t, err, context.Canceled)
+				var be *BatchError
+				require.ErrorAs(t, err, &be)
+				assert.Len(t, be.Failed, minAtomicChunk-1, "no event confirmed")
+			}
+			require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("after")))
+			assert.Equal(t, uint64(1), partitionMsgs(t, e.js, e.core, "acme"), "only the publish after them is stored")
+			_, used := e.budgets.snapshot()
+			assert.Positive(t, used["acme"], "the stored event is counted")
+		})
+	}
+}
+
 func TestPublishBatch_AnInvalidEventRefusesTheBatchWithNothingSent(t *testing.T) {
 	e := openEmbedded(t, "")
 	ctx := testCtx(t)
