@@ -61,8 +61,8 @@ type PublishOpt func(h Headers)
 // WithHeader appends a header value; two calls with one key keep both values. Keys
 // under the broker's reserved prefix (in any case; "Nats-" on the NATS brokers) are
 // refused with ErrInvalidHeader, except HeaderIdempotencyKey, which WithIdempotencyKey
-// sets; so are the names and values [Headers] cannot carry. Every other name reaches
-// the consumer as published.
+// sets (given twice, it is refused too: an event has one key); so are the names and
+// values [Headers] cannot carry. Every other name reaches the consumer as published.
 func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(key, value) } }
 
 // WithIdempotencyKey makes the publish or park idempotent: a second one with the same

@@ -303,6 +303,7 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 		for _, value := range []string{" lead", "trail ", "\tlead", "trail\t", " ", "a\rb", "a\nb", "a\r\n"} {
 			bad(fmt.Sprintf("header value %q", value), x, ErrInvalidHeader, WithHeader("X-V", value))
 		}
+		bad("two idempotency keys", x, ErrInvalidHeader, WithHeader(HeaderIdempotencyKey, "k1"), WithHeader(HeaderIdempotencyKey, "k2"))
 		bad("the smallest payload refused", make([]byte, o.room+1), ErrPayloadTooLarge, WithIdempotencyKey("edge-y"))
 		bad("a payload far over the limit", make([]byte, 2*limit), ErrPayloadTooLarge)
 	}

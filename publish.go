@@ -105,6 +105,10 @@ func validateHeaders(h Headers) error {
 		if reserved(k) && k != HeaderIdempotencyKey {
 			return fmt.Errorf("%w: %q: names starting with \"Nats-\" are reserved for the broker", ErrInvalidHeader, k)
 		}
+		if k == HeaderIdempotencyKey && len(vs) > 1 {
+			// Only one could be the key; taking the first would drop the rest silently.
+			return fmt.Errorf("%w: %q: %d values, an event has one idempotency key", ErrInvalidHeader, k, len(vs))
+		}
 		for i, v := range vs {
 			switch {
 			case strings.ContainsAny(v, "\r\n"):
