@@ -275,8 +275,11 @@ type Purger interface {
 	// brokers, before 1677-09-21, the start of an int64 of nanoseconds) removes nothing
 	// of that tenant, and one later than any (after 2262-04-11) is "now or later": it
 	// removes everything the tenant acknowledged. It reports whether anything was
-	// removed. A consumer name the broker cannot map is ErrConsumerNotFound. A
-	// broker whose retention belongs to the operator removes nothing and reports false.
+	// removed. A consumer name the broker cannot map is ErrConsumerNotFound; a key of
+	// olderThan that is not a valid TenantID is ErrInvalidTenant, and nothing is
+	// removed (a misspelt tenant would otherwise leave the real one absent, keeping
+	// nothing). A broker whose retention belongs to the operator removes nothing and
+	// reports false.
 	PurgeAcked(ctx context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error)
 }
 

@@ -261,6 +261,9 @@ func (e *ExternalNATS) PurgeAcked(ctx context.Context, consumer string, olderTha
 	if _, err := e.topo.durableFor(consumer); err != nil {
 		return false, fmt.Errorf("purge acked: %w", err)
 	}
+	if err := validCutoffs(olderThan); err != nil {
+		return false, err
+	}
 	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -29,6 +29,9 @@ func (e *EmbeddedNATS) PurgeAcked(ctx context.Context, consumer string, olderTha
 	if err != nil {
 		return false, fmt.Errorf("purge acked: %w", err)
 	}
+	if err := validCutoffs(olderThan); err != nil {
+		return false, err
+	}
 	hist, err := e.js.Stream(ctx, e.topo.HistoryStream)
 	if err != nil {
 		return false, e.core.mapRequestError("purge acked: stream "+e.topo.HistoryStream, err)
@@ -64,6 +67,17 @@ func (e *EmbeddedNATS) PurgeAcked(ctx context.Context, consumer string, olderTha
 		purged = purged || did
 	}
 	return purged, errors.Join(errs...)
+}
+
+// validCutoffs refuses a cutoff map with a key that is not a tenant: that key was meant
+// for some tenant, which would otherwise purge as if absent.
+func validCutoffs(olderThan map[TenantID]time.Time) error {
+	for _, t := range slices.Sorted(maps.Keys(olderThan)) {
+		if err := t.Validate(); err != nil {
+			return fmt.Errorf("purge acked: a cutoff's tenant: %w", err)
+		}
+	}
+	return nil
 }
 
 // purgeTenant removes tenant's history copies stored before cutoff, and never the

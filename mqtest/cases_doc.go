@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 111 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 112 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -507,6 +507,11 @@ import "slices"
 //
 //   - PurgeAckedUnknownConsumer: A consumer name the broker cannot map is
 //     ErrConsumerNotFound. Publishes: nothing.
+//
+//   - PurgeAckedRefusesACutoffForAnInvalidTenantAndRemovesNothing: A key of the cutoff
+//     map that is not a valid tenant (a misspelt "Acme", an empty one) is
+//     ErrInvalidTenant, and every acked event of acme stays, though the misspelling
+//     left acme absent from the map. Publishes: events on acme/p and other tenants' p.
 //
 //   - PurgeAckedCutoffBeforeAnyStorableTimeKeepsAllAndAfterItPurgesAllAcked: A cutoff
 //     far in the past (before any time a broker can store) removes nothing; one far in

@@ -49,6 +49,14 @@ func purgeCases() []testCase {
 			run:       purgeAckedUnknownConsumer,
 		},
 		{
+			name: "PurgeAckedRefusesACutoffForAnInvalidTenantAndRemovesNothing",
+			proves: "A key of the cutoff map that is not a valid tenant (a misspelt \"Acme\", " +
+				"an empty one) is ErrInvalidTenant, and every acked event of acme stays, " +
+				"though the misspelling left acme absent from the map.",
+			publishes: "events on acme/p and other tenants' p",
+			run:       purgeAckedInvalidTenant,
+		},
+		{
 			name: "PurgeAckedCutoffBeforeAnyStorableTimeKeepsAllAndAfterItPurgesAllAcked",
 			proves: "A cutoff far in the past (before any time a broker can store) removes " +
 				"nothing; one far in the future is \"now or later\": with PurgesAcked it " +
@@ -157,6 +165,17 @@ func purgeAckedUnknownConsumer(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, mq.ErrConsumerNotFound)
 	_, err = e.b.PurgeAcked(e.ctx, Durable, nil)
 	assert.NoError(t, err, "the worker's own durable")
+}
+
+func purgeAckedInvalidTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	e.ackedButLeft(Acme)
+	for _, bad := range []mq.TenantID{"Acme", ""} {
+		purged, err := e.b.PurgeAcked(e.ctx, Durable, map[mq.TenantID]time.Time{bad: time.Now().Add(time.Hour)})
+		assert.ErrorIs(t, err, mq.ErrInvalidTenant, "a cutoff for %q", bad)
+		assert.False(t, purged, "a cutoff for %q removes nothing", bad)
+	}
+	assert.Equal(t, purgeEvents, e.replay(topic(Acme, "p", ""), time.Time{}), "acme keeps every event")
 }
 
 func purgeAckedOutOfRange(t *testing.T, h Harness) {

@@ -103,6 +103,11 @@ func (b *memBroker) PurgeAcked(ctx context.Context, consumer string, olderThan m
 	if b.closed {
 		return false, errClosed("purge acked")
 	}
+	for t := range olderThan {
+		if err := t.Validate(); err != nil {
+			return false, fmt.Errorf("mem: purge acked: %w", err)
+		}
+	}
 	g := b.groups[consumer]
 	if g == nil {
 		if consumer != mq.WorkerDurable {
