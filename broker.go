@@ -78,8 +78,8 @@ var (
 	ErrClosed = errors.New("mq: broker closed")
 
 	// ErrInvalidConfig: a ConsumerConfig or an argument that cannot work, such as a
-	// negative duration, count or budget, a partition the topology does not have, or a
-	// nil context or send function. Nothing was started or changed.
+	// negative duration, count, prefetch or budget, a partition the topology does not
+	// have, or a nil context, handler or send function. Nothing was started or changed.
 	ErrInvalidConfig = errors.New("mq: invalid config")
 )
 

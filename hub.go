@@ -55,7 +55,7 @@ func (c *natsCore) subscribe(ctx context.Context, name string, handler Handler) 
 		return err
 	}
 	if handler == nil {
-		return errors.New("subscribe: nil handler")
+		return fmt.Errorf("subscribe: %w: nil handler", ErrInvalidConfig)
 	}
 	if err := ctx.Err(); err != nil {
 		return err

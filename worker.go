@@ -113,10 +113,10 @@ func (w *worker) Consume(handler Handler, prefetch int) (func(), <-chan error, e
 		return nil, nil, err
 	}
 	if handler == nil {
-		return nil, nil, errors.New("consume: nil handler")
+		return nil, nil, fmt.Errorf("consume: %w: nil handler", ErrInvalidConfig)
 	}
 	if prefetch < 0 {
-		return nil, nil, fmt.Errorf("consume: negative prefetch %d", prefetch)
+		return nil, nil, fmt.Errorf("consume: %w: negative prefetch %d", ErrInvalidConfig, prefetch)
 	}
 	if prefetch == 0 {
 		prefetch = c.topo.Prefetch

@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 112 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 113 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -352,6 +352,11 @@ import "slices"
 //     MaxDeliveries (never park) and a claim of the first unit are valid, and the
 //     durable still works after the refusals. Publishes: 1 event on acme/t after the
 //     refusals.
+//
+//   - ConsumeAndSubscribeRefuseANilHandlerOrANegativePrefetchWithErrInvalidConfig:
+//     Consume with a nil handler or a negative prefetch, and Subscribe with a nil
+//     handler, are refused with mq.ErrInvalidConfig, never a panic; the durable still
+//     works after the refusals. Publishes: 1 event on acme/t after the refusals.
 //
 //   - FailedOnceWhenDeliveryEnds: Delivery ended from outside is reported on failed
 //     exactly once, however many delivery units it ended on, with an error wrapping

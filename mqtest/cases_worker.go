@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/wavehouse/mq"
 )
@@ -129,6 +130,14 @@ func workerCases() []testCase {
 			publishes: "1 event on acme/t after the refusals",
 			run:       invalidConsumerConfig,
 		},
+		{
+			name: "ConsumeAndSubscribeRefuseANilHandlerOrANegativePrefetchWithErrInvalidConfig",
+			proves: "Consume with a nil handler or a negative prefetch, and Subscribe with a nil " +
+				"handler, are refused with mq.ErrInvalidConfig, never a panic; the durable " +
+				"still works after the refusals.",
+			publishes: "1 event on acme/t after the refusals",
+			run:       nilHandlerOrNegativePrefetch,
+		},
 	}
 }
 
@@ -182,6 +191,20 @@ func upTo(n int) []int {
 		out[i] = i + 1
 	}
 	return out
+}
+
+func nilHandlerOrNegativePrefetch(t *testing.T, h Harness) {
+	e := setup(t, h)
+	c, err := e.b.CreateConsumer(e.ctx, mq.ConsumerConfig{Durable: Durable})
+	require.NoError(t, err)
+	_, _, err = c.Consume(nil, 0)
+	assert.ErrorIs(t, err, mq.ErrInvalidConfig, "Consume with a nil handler")
+	_, _, err = c.Consume(e.ackEach, -1)
+	assert.ErrorIs(t, err, mq.ErrInvalidConfig, "Consume with a negative prefetch")
+	assert.ErrorIs(t, e.b.Subscribe(e.ctx, "nil-handler", nil), mq.ErrInvalidConfig, "Subscribe with a nil handler")
+	w := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	e.publish(topic(Acme, "t", ""), "after the refusals")
+	assert.Equal(t, "after the refusals", next(t, w.deliveries, 1)[0].data)
 }
 
 func invalidConsumerConfig(t *testing.T, h Harness) {

@@ -3,7 +3,6 @@ package mqtest_test
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"go.opentelemetry.io/otel"
 	"slices"
@@ -110,9 +109,12 @@ type memConsume struct {
 	stopOnce       sync.Once
 }
 
-func (c *memConsumer) Consume(handler mq.Handler, _ int) (func(), <-chan error, error) {
+func (c *memConsumer) Consume(handler mq.Handler, prefetch int) (func(), <-chan error, error) {
 	if handler == nil {
-		return nil, nil, errors.New("mem: consume: nil handler")
+		return nil, nil, fmt.Errorf("mem: consume: %w: nil handler", mq.ErrInvalidConfig)
+	}
+	if prefetch < 0 {
+		return nil, nil, fmt.Errorf("mem: consume: %w: negative prefetch %d", mq.ErrInvalidConfig, prefetch)
 	}
 	b := c.b
 	b.mu.Lock()

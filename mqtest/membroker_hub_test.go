@@ -2,7 +2,6 @@ package mqtest_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -23,7 +22,7 @@ type memSub struct {
 
 func (b *memBroker) Subscribe(ctx context.Context, _ string, handler mq.Handler) error {
 	if handler == nil {
-		return errors.New("mem: subscribe: nil handler")
+		return fmt.Errorf("mem: subscribe: %w: nil handler", mq.ErrInvalidConfig)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
