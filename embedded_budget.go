@@ -155,6 +155,10 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			if e.holdStored(p, m, meta) && meta.Sequence.Stream <= delivered {
 				counted++
 				e.doubtful[p] = append(e.doubtful[p], meta.Sequence.Stream)
+				if key, ok := e.subs.key(m.Subject()); ok {
+					tenant, _, _ := strings.Cut(key, ".") // a key's first token is its tenant
+					e.core.returning.note(p, TenantID(tenant), meta.Sequence.Stream)
+				}
 			}
 			if meta.Sequence.Stream >= last {
 				return nil

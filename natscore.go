@@ -58,6 +58,9 @@ type natsCore struct {
 	replies replySlots
 	request func(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error)
 
+	// returning is what EmbeddedNATS found pending on the ingest durable at open.
+	returning returning
+
 	// async is the JetStream context of pipelined batches (asyncJS).
 	asyncOnce sync.Once
 	async     jetstream.JetStream

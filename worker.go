@@ -165,6 +165,7 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	info := cons.CachedInfo()
 	cfg := info.Config
 	// u is filed already: keepAlive reads its ack wait under d.mu.
+	returning := c.returning.take(u.p)
 	d.mu.Lock()
 	u.ackWait = cfg.AckWait
 	if info.NumAckPending > 0 {
@@ -172,7 +173,7 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 		// owner's, and comes back out of sequence order (see backlog).
 		now := time.Now()
 		u.backlog = &backlog{last: info.Delivered.Stream, want: info.NumAckPending, seen: map[uint64]struct{}{},
-			lastAt: now, until: now.Add(cmp.Or(cfg.AckWait, c.topo.AckWait) + redeliverySlack)}
+			lastAt: now, until: now.Add(cmp.Or(cfg.AckWait, c.topo.AckWait) + redeliverySlack), tenants: returning}
 	}
 	d.mu.Unlock()
 	opts := []jetstream.PullConsumeOpt{
@@ -242,12 +243,14 @@ const (
 // may observe it, see natsCore.settler), its failures mapped as every other method's
 // are, so a message held past Close settles with ErrClosed rather than the client's
 // bare "connection closed". observer, when set, hears of every ack and nak: the kind
-// made, or settledFailed when it could not be sent.
+// made, or settledFailed when it could not be sent, and a nak's delay.
 type settlement struct {
 	Settler
 	core     *natsCore
 	subject  string
-	observer interface{ observe(settled) }
+	observer interface {
+		observe(kind settled, delay time.Duration)
+	}
 }
 
 func (s settlement) Ack() error { return s.done(settledAck, "ack", s.Settler.Ack()) }
@@ -259,17 +262,21 @@ func (s settlement) DoubleAck(ctx context.Context) error {
 func (s settlement) Nak() error { return s.done(settledNak, "nak", s.Settler.Nak()) }
 
 func (s settlement) NakWithDelay(delay time.Duration) error {
-	return s.done(settledNak, "nak with delay", s.Settler.NakWithDelay(delay))
+	return s.observed(settledNak, delay, "nak with delay", s.Settler.NakWithDelay(delay))
 }
 
 func (s settlement) InProgress() error { return s.failed("in progress", s.Settler.InProgress()) }
 
 func (s settlement) done(kind settled, what string, err error) error {
+	return s.observed(kind, 0, what, err)
+}
+
+func (s settlement) observed(kind settled, delay time.Duration, what string, err error) error {
 	if s.observer != nil {
 		if err != nil {
 			kind = settledFailed
 		}
-		s.observer.observe(kind)
+		s.observer.observe(kind, delay)
 	}
 	return s.failed(what, err)
 }

@@ -4,7 +4,7 @@ package mq
 
 import (
 	"fmt"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -65,24 +65,129 @@ func TestEmbeddedNATS_ATakenPartitionRunsItsPendingEventsInSequenceOrderThoughTh
 	// in the server's order.
 	w, err := e.CreateConsumer(ctx, ConsumerConfig{Partitions: []int{p}})
 	require.NoError(t, err)
-	var mu sync.Mutex
-	var order []int
+	var calls arrivals
 	stop, _, err := w.Consume(func(m *Message) error {
-		_, idx, _ := strings.Cut(string(m.Data), ":")
-		i, _ := strconv.Atoi(idx)
-		mu.Lock()
-		order = append(order, i)
-		mu.Unlock()
+		calls.add(string(m.Data))
 		return m.Ack()
 	}, 1)
 	require.NoError(t, err)
 	defer stop()
+	assert.Equal(t, []string{"acme:0", "acme:1", "acme:2", "acme:3", "acme:4", "acme:5"}, calls.await(t, events),
+		"the tenant's events in sequence order")
+}
+
+// arrivals records the data of a handler's calls in the order they began.
+type arrivals struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (a *arrivals) add(data string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.got = append(a.got, data)
+}
+
+// await waits until n calls began and returns them all.
+func (a *arrivals) await(t *testing.T, n int) []string {
+	t.Helper()
+	return a.awaitThat(t, func(got []string) bool { return len(got) >= n })
+}
+
+// awaitEach waits until a call began with each of want and returns them all.
+func (a *arrivals) awaitEach(t *testing.T, want ...string) []string {
+	t.Helper()
+	return a.awaitThat(t, func(got []string) bool {
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (a *arrivals) awaitThat(t *testing.T, done func(got []string) bool) []string {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(order) >= events
-	}, time.Minute, 10*time.Millisecond, "not every event came back")
-	mu.Lock()
-	defer mu.Unlock()
-	assert.Equal(t, []int{0, 1, 2, 3, 4, 5}, order, "the tenant's events in sequence order")
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return done(a.got)
+	}, time.Minute, 10*time.Millisecond, "not every call came")
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.got)
+}
+
+// TestEmbeddedNATS_AfterARestartAnEventWaitingForItsRetryStillRunsBeforeItsTenantsLaterOnes:
+// a tenant's event failed and waits for its retry, its later events queued behind it,
+// when the worker stops and the broker restarts. The reopened server sends them back
+// only as their ack waits and the retry's delay run out: the later events (due an ack
+// wait after their delivery) before the failed one (due its delay after the failure).
+// The next worker must still run the failed one first, however quiet its pull is
+// until then, while another tenant's events go on.
+func TestEmbeddedNATS_AfterARestartAnEventWaitingForItsRetryStillRunsBeforeItsTenantsLaterOnes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	e := openEmbedded(t, dir)
+	ctx := testCtx(t)
+	const events = 6
+	for _, tenant := range []TenantID{"acme", "globex"} {
+		require.NoError(t, e.SetMaxBytes(ctx, tenant, 64<<20))
+	}
+	publish := func(e *EmbeddedNATS, tenant TenantID, i int) {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: tenant, Table: "t"}, fmt.Appendf(nil, "%s:%d", tenant, i)))
+	}
+	for i := range events {
+		publish(e, "acme", i)
+	}
+	// Retry delay and ack wait equal, as the default policy reaches them after a few
+	// attempts; the failing call is slow, so the retry falls due after the ack wait of
+	// the events delivered with it.
+	cfg := ConsumerConfig{AckWait: 3 * time.Second, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second}
+	w, err := e.CreateConsumer(ctx, cfg)
+	require.NoError(t, err)
+	failed := make(chan struct{})
+	var once sync.Once
+	stop, _, err := w.Consume(func(m *Message) error {
+		if string(m.Data) == "acme:1" {
+			time.Sleep(500 * time.Millisecond)
+			once.Do(func() { close(failed) })
+			return fmt.Errorf("mq test: fails once")
+		}
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	select {
+	case <-failed:
+	case <-ctx.Done():
+		t.Fatal("acme:1 never delivered")
+	}
+	time.Sleep(200 * time.Millisecond) // acme's later events queue behind the retry
+	stop()
+	time.Sleep(time.Second) // idle before the restart
+	require.NoError(t, e.Close())
+
+	e = openEmbedded(t, dir)
+	publish(e, "globex", 0)
+	publish(e, "acme", events)
+	w, err = e.CreateConsumer(ctx, cfg)
+	require.NoError(t, err)
+	var calls arrivals
+	stop, _, err = w.Consume(func(m *Message) error {
+		calls.add(string(m.Data))
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	// A call repeated is at least once: only its first counts for the order.
+	got := calls.awaitEach(t, "acme:1", "acme:2", "acme:3", "acme:4", "acme:5", "acme:6", "globex:0")
+	var acme []string
+	for _, data := range got {
+		if strings.HasPrefix(data, "acme:") && !slices.Contains(acme, data) {
+			acme = append(acme, data)
+		}
+	}
+	assert.Equal(t, []string{"acme:1", "acme:2", "acme:3", "acme:4", "acme:5", "acme:6"}, acme,
+		"acme's events in sequence order, the retried one first")
 }

@@ -85,29 +85,6 @@ type unit struct {
 	backlog   *backlog // under dispatcher.mu; nil once every event pending at the take arrived
 }
 
-// backlog is what a partition had pending when this worker took it: the events its
-// previous owner handed back or left to the ack wait. The server redelivers them from
-// a queue that is not in sequence order: it puts an event it could not deliver (no
-// pull waiting, or one nobody listens to any more) back at the end, and queues
-// expired events behind those already waiting (nats-server v2.15.2,
-// consumer.loopAndGatherMsgs and checkPending; measured: a tenant's event 0 came
-// after its 1 and 2, in another pull). The lanes only order what they hold, so the
-// partition's lanes wait until the queue is drained: every pending event arrived, or
-// a new one did (the server serves its redelivery queue first), or none arrived for
-// backlogQuiet (the rest is held elsewhere, by a host or in flight, and comes by the
-// ack wait), or an ack wait passed.
-type backlog struct {
-	last   uint64              // the stream sequence last delivered at the take
-	want   int                 // events pending at the take
-	seen   map[uint64]struct{} // those of them arrived
-	lastAt time.Time           // the take, or the latest arrival since
-	until  time.Time
-}
-
-// backlogQuiet is how long a taken partition's pull may bring nothing before its
-// redelivery queue counts as drained: a pull's next batch follows within a round trip.
-const backlogQuiet = 250 * time.Millisecond
-
 func (u *unit) isReleasing() bool { return u.releasing.Load() }
 
 // lane is one tenant's events held by this worker, in sequence order.
@@ -142,15 +119,16 @@ type entry struct {
 	part     int
 	seq      uint64
 	attempt  int
-	naked    bool      // the handler nak'ed it
-	acked    bool      // settled by an ack: by the handler or by a park
-	unsent   bool      // the handler's ack or nak failed: the ack wait redelivers it
-	extended time.Time // when keepAlive last extended its ack wait
+	naked    bool          // the handler nak'ed it
+	nakDelay time.Duration // the delay of the handler's nak
+	acked    bool          // settled by an ack: by the handler or by a park
+	unsent   bool          // the handler's ack or nak failed: the ack wait redelivers it
+	extended time.Time     // when keepAlive last extended its ack wait
 	ackWait  time.Duration
 }
 
 // observe tells the dispatcher of a settle the handler made.
-func (e *entry) observe(kind settled) { e.d.observe(e.u, e, kind) }
+func (e *entry) observe(kind settled, delay time.Duration) { e.d.observe(e.u, e, kind, delay) }
 
 // tries is what this worker saw of one event's attempts, kept until it is settled.
 type tries struct {
@@ -248,14 +226,8 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		return
 	}
 	delete(u.returned, e.seq) // redelivered while the host holds it: at least once
-	if b := u.backlog; b != nil {
-		b.lastAt = time.Now()
-		if e.seq <= b.last {
-			b.seen[e.seq] = struct{}{}
-		}
-		if e.seq > b.last || len(b.seen) >= b.want {
-			d.endBacklog(u)
-		}
+	if u.backlog != nil {
+		d.backlogArrived(u, TenantID(tenant), e.seq)
 	}
 	for {
 		l := d.lanes[TenantID(tenant)]
@@ -348,7 +320,7 @@ func (d *dispatcher) enqueue(l *lane) bool {
 	if l.ready || l.running != nil || l.blocked != nil || len(l.queue) == 0 {
 		return false
 	}
-	if u := d.units[l.part]; u != nil && (u.releasing.Load() || u.backlog != nil) {
+	if u := d.units[l.part]; u != nil && (u.releasing.Load() || u.backlogHolds(l)) {
 		return false
 	}
 	l.ready = true
@@ -379,7 +351,7 @@ func (d *dispatcher) runLanes() {
 		d.ready = d.ready[:n]
 		l.ready = false
 		u := d.units[l.part]
-		if u == nil || u.releasing.Load() || u.backlog != nil || len(l.queue) == 0 {
+		if u == nil || u.releasing.Load() || u.backlogHolds(l) || len(l.queue) == 0 {
 			continue
 		}
 		e := l.queue[0]
@@ -416,7 +388,9 @@ func (d *dispatcher) runLanes() {
 			}
 		case hold:
 			d.block(u, l, e)
-			l.until = time.Now().Add(d.retryDelay(e) + u.ackWait + d.core.topo.PublishTimeout)
+			// A nak's own delay may be longer than the policy's: the event comes
+			// back no sooner, and its tenant waits for it.
+			l.until = time.Now().Add(max(d.retryDelay(e), e.nakDelay) + u.ackWait + d.core.topo.PublishTimeout)
 		case !e.acked && !e.naked:
 			u.returned[e.seq] = e
 		}
@@ -438,18 +412,8 @@ func (d *dispatcher) runLanes() {
 	}
 }
 
-// endBacklog lets partition u's lanes run. Called with d.mu held.
-func (d *dispatcher) endBacklog(u *unit) {
-	u.backlog = nil
-	for _, l := range d.lanes {
-		if l.part == u.p {
-			d.schedule(l)
-		}
-	}
-}
-
 // observe hears of a settle the handler made, during its call or after.
-func (d *dispatcher) observe(u *unit, e *entry, kind settled) {
+func (d *dispatcher) observe(u *unit, e *entry, kind settled, delay time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch kind {
@@ -458,7 +422,7 @@ func (d *dispatcher) observe(u *unit, e *entry, kind settled) {
 		u.lastAcked = e.m.Reply()
 		delete(d.tries, eventRef{e.part, e.seq})
 	case settledNak:
-		e.naked = true
+		e.naked, e.nakDelay = true, delay
 	case settledFailed:
 		e.unsent = true
 		return // still the host's to settle, and Close's to hand back
@@ -492,7 +456,11 @@ func (d *dispatcher) keepAlive() {
 		tick.Reset(period)
 		now := time.Now()
 		for _, u := range d.units {
-			if b := u.backlog; b != nil && (now.After(b.until) || now.Sub(b.lastAt) > backlogQuiet) {
+			if b := u.backlog; b != nil && b.over(now) {
+				if len(b.tenants) > 0 {
+					d.core.log.Warn("mq: events pending since the broker opened did not come back within an ack wait; their tenants go on",
+						"stream", u.stream, "tenants", len(b.tenants))
+				}
 				d.endBacklog(u)
 			}
 		}

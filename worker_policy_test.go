@@ -493,3 +493,32 @@ func TestWorker_AHeldTenantsBacklogBeyondTheWaitLimitDoesNotStopItsPartitionsOth
 		}
 	}
 }
+
+// TestWorker_AHandlersNakWithALongDelayHoldsItsTenantForThatDelay: the handler naks a
+// tenant's first event with a delay longer than the worker would otherwise wait for a
+// retried event (its own retry delay, an ack wait and a publish timeout). The event
+// comes back no sooner than that delay, and the tenant's later events still wait for
+// it.
+func TestWorker_AHandlersNakWithALongDelayHoldsItsTenantForThatDelay(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.Topology.PublishTimeout = 500 * time.Millisecond })
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 64<<20))
+	for i := range 3 {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte(strconv.Itoa(i))))
+	}
+	// The worker alone would wait 100 ms + 1 s + 500 ms for the nak'ed event.
+	w, err := e.CreateConsumer(ctx, ConsumerConfig{AckWait: time.Second, RetryDelay: 100 * time.Millisecond})
+	require.NoError(t, err)
+	var calls arrivals
+	stop, _, err := w.Consume(func(m *Message) error {
+		calls.add(string(m.Data))
+		if string(m.Data) == "0" && m.Attempt == 1 {
+			return m.NakWithDelay(3 * time.Second)
+		}
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	assert.Equal(t, []string{"0", "0", "1", "2"}, calls.await(t, 4), "the nak'ed event comes back before its tenant's later ones")
+}

@@ -1,0 +1,136 @@
+package mq
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// The backlog of a partition the worker takes: events the durable had delivered and
+// not seen acknowledged, which come back out of sequence order. A tenant's lane must
+// not run past one of its events still to come back.
+
+// backlog is what a partition had pending when this worker took it: the events its
+// previous owner handed back or left to the ack wait. The server redelivers them from
+// a queue that is not in sequence order: it puts an event it could not deliver (no
+// pull waiting, or one nobody listens to any more) back at the end, and queues
+// expired events behind those already waiting (nats-server v2.15.2,
+// consumer.loopAndGatherMsgs and checkPending; measured: a tenant's event 0 came
+// after its 1 and 2, in another pull). The lanes only order what they hold, so the
+// partition's lanes wait until the queue is drained: every pending event arrived, or
+// a new one did (the server serves its redelivery queue first), or none arrived for
+// backlogQuiet (the rest is held elsewhere, by a host or in flight, and comes by the
+// ack wait), or an ack wait passed.
+//
+// After a restart the broker knows more (see returning): which events are pending and
+// whose, and that no host holds any of them, since Close handed back what hosts held.
+// They come back only as their ack waits (or nak delays) run out, in that order, not
+// in sequence order; so their tenants' lanes wait for exactly those events, however
+// quiet the pull or new the events it brings, and every other tenant goes on.
+type backlog struct {
+	last   uint64              // the stream sequence last delivered at the take
+	want   int                 // events pending at the take
+	seen   map[uint64]struct{} // those of them arrived
+	lastAt time.Time           // the take, or the latest arrival since
+	until  time.Time
+	// tenants, when known, are the pending events still to arrive, in sequence
+	// order by tenant: only these tenants' lanes wait.
+	tenants map[TenantID][]uint64
+}
+
+// backlogQuiet is how long a taken partition's pull may bring nothing before its
+// redelivery queue counts as drained: a pull's next batch follows within a round trip.
+const backlogQuiet = 250 * time.Millisecond
+
+// over reports whether b stops holding lanes at now, whatever has not arrived.
+func (b *backlog) over(now time.Time) bool {
+	return now.After(b.until) || (b.tenants == nil && now.Sub(b.lastAt) > backlogQuiet)
+}
+
+// backlogHolds reports whether partition u's backlog holds lane l. Called with
+// dispatcher.mu held.
+func (u *unit) backlogHolds(l *lane) bool {
+	b := u.backlog
+	if b == nil {
+		return false
+	}
+	if b.tenants == nil {
+		return true
+	}
+	return len(b.tenants[l.tenant]) > 0
+}
+
+// backlogArrived notes the arrival of tenant's event seq on partition u, whose
+// backlog it may end. Called with d.mu held.
+func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
+	b := u.backlog
+	b.lastAt = time.Now()
+	if b.tenants == nil {
+		if seq <= b.last {
+			b.seen[seq] = struct{}{}
+		}
+		if seq > b.last || len(b.seen) >= b.want {
+			d.endBacklog(u)
+		}
+		return
+	}
+	due := b.tenants[tenant]
+	i, found := slices.BinarySearch(due, seq)
+	if !found {
+		return
+	}
+	due = slices.Delete(due, i, i+1)
+	if len(due) > 0 {
+		b.tenants[tenant] = due
+		return
+	}
+	delete(b.tenants, tenant)
+	if len(b.tenants) == 0 {
+		d.endBacklog(u)
+		return
+	}
+	if l := d.lanes[tenant]; l != nil {
+		d.schedule(l)
+	}
+}
+
+// endBacklog lets partition u's lanes run. Called with d.mu held.
+func (d *dispatcher) endBacklog(u *unit) {
+	u.backlog = nil
+	for _, l := range d.lanes {
+		if l.part == u.p {
+			d.schedule(l)
+		}
+	}
+}
+
+// returning is what EmbeddedNATS found pending on the ingest durable when it opened:
+// by partition, each tenant's events in sequence order. The first worker to take a
+// partition takes its entry (see backlog); a later one finds none, as the events
+// handed over since then come back at once.
+type returning struct {
+	mu sync.Mutex
+	m  map[int]map[TenantID][]uint64
+}
+
+// note records tenant's event seq on partition p as pending; seqs come in order.
+func (r *returning) note(p int, tenant TenantID, seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[int]map[TenantID][]uint64{}
+	}
+	if r.m[p] == nil {
+		r.m[p] = map[TenantID][]uint64{}
+	}
+	r.m[p][tenant] = append(r.m[p][tenant], seq)
+}
+
+// take returns and forgets partition p's pending events; nil when none are known.
+func (r *returning) take(p int) map[TenantID][]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := r.m[p]
+	delete(r.m, p)
+	return t
+}
