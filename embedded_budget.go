@@ -157,7 +157,7 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 				e.doubtful[p] = append(e.doubtful[p], meta.Sequence.Stream)
 				if key, ok := e.subs.key(m.Subject()); ok {
 					tenant, _, _ := strings.Cut(key, ".") // a key's first token is its tenant
-					e.core.returning.note(p, TenantID(tenant), meta.Sequence.Stream)
+					e.core.returning.note(p, delivered, TenantID(tenant), meta.Sequence.Stream)
 				}
 			}
 			if meta.Sequence.Stream >= last {

@@ -165,7 +165,7 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	info := cons.CachedInfo()
 	cfg := info.Config
 	// u is filed already: keepAlive reads its ack wait under d.mu.
-	returning := c.returning.take(u.p)
+	returning := c.returning.since(u.p, info.Delivered.Stream)
 	d.mu.Lock()
 	u.ackWait = cfg.AckWait
 	if info.NumAckPending > 0 {

@@ -25,8 +25,10 @@ import (
 // After a restart the broker knows more (see returning): which events are pending and
 // whose, and that no host holds any of them, since Close handed back what hosts held.
 // They come back only as their ack waits (or nak delays) run out, in that order, not
-// in sequence order; so their tenants' lanes wait for exactly those events, however
-// quiet the pull or new the events it brings, and every other tenant goes on.
+// in sequence order; so their tenants' lanes wait for those events, however quiet the
+// pull or new the events it brings, and every other tenant goes on. The noted events
+// may include some acknowledged out of order before a crash, which never come back:
+// once as many noted events arrived as the durable had pending, none is still due.
 type backlog struct {
 	last   uint64              // the stream sequence last delivered at the take
 	want   int                 // events pending at the take
@@ -34,8 +36,9 @@ type backlog struct {
 	lastAt time.Time           // the take, or the latest arrival since
 	until  time.Time
 	// tenants, when known, are the pending events still to arrive, in sequence
-	// order by tenant: only these tenants' lanes wait.
+	// order by tenant: only these tenants' lanes wait, until want of them arrived.
 	tenants map[TenantID][]uint64
+	arrived int
 }
 
 // backlogQuiet is how long a taken partition's pull may bring nothing before its
@@ -79,16 +82,17 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 	if !found {
 		return
 	}
+	b.arrived++
 	due = slices.Delete(due, i, i+1)
+	if b.arrived >= b.want {
+		d.endBacklog(u)
+		return
+	}
 	if len(due) > 0 {
 		b.tenants[tenant] = due
 		return
 	}
 	delete(b.tenants, tenant)
-	if len(b.tenants) == 0 {
-		d.endBacklog(u)
-		return
-	}
 	if l := d.lanes[tenant]; l != nil {
 		d.schedule(l)
 	}
@@ -105,32 +109,51 @@ func (d *dispatcher) endBacklog(u *unit) {
 }
 
 // returning is what EmbeddedNATS found pending on the ingest durable when it opened:
-// by partition, each tenant's events in sequence order. The first worker to take a
-// partition takes its entry (see backlog); a later one finds none, as the events
-// handed over since then come back at once.
+// by partition, each tenant's events in sequence order, and the stream sequence the
+// durable had delivered last. A worker taking a partition (see backlog) gets the
+// events while the durable has delivered nothing since: then what it has pending is
+// among them, whether this is the first take or the partition changed hands (a worker
+// elsewhere, through ListenAddr, delivers too).
 type returning struct {
 	mu sync.Mutex
-	m  map[int]map[TenantID][]uint64
+	m  map[int]*returned
 }
 
-// note records tenant's event seq on partition p as pending; seqs come in order.
-func (r *returning) note(p int, tenant TenantID, seq uint64) {
+type returned struct {
+	delivered uint64
+	tenants   map[TenantID][]uint64
+}
+
+// note records tenant's event seq on partition p, whose durable had delivered through
+// delivered, as pending; seqs come in order.
+func (r *returning) note(p int, delivered uint64, tenant TenantID, seq uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
-		r.m = map[int]map[TenantID][]uint64{}
+		r.m = map[int]*returned{}
 	}
 	if r.m[p] == nil {
-		r.m[p] = map[TenantID][]uint64{}
+		r.m[p] = &returned{delivered: delivered, tenants: map[TenantID][]uint64{}}
 	}
-	r.m[p][tenant] = append(r.m[p][tenant], seq)
+	r.m[p].tenants[tenant] = append(r.m[p].tenants[tenant], seq)
 }
 
-// take returns and forgets partition p's pending events; nil when none are known.
-func (r *returning) take(p int) map[TenantID][]uint64 {
+// since returns a copy of partition p's pending events, or nil when none were noted
+// or the durable has delivered beyond them (delivered is its last delivered now).
+func (r *returning) since(p int, delivered uint64) map[TenantID][]uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t := r.m[p]
-	delete(r.m, p)
-	return t
+	ret := r.m[p]
+	if ret == nil {
+		return nil
+	}
+	if ret.delivered != delivered {
+		delete(r.m, p)
+		return nil
+	}
+	out := make(map[TenantID][]uint64, len(ret.tenants))
+	for t, seqs := range ret.tenants {
+		out[t] = slices.Clone(seqs)
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -226,7 +227,10 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		return
 	}
 	delete(u.returned, e.seq) // redelivered while the host holds it: at least once
-	if u.backlog != nil {
+	// A backlog's events never wait for room: the one that ends it would otherwise
+	// let the lanes run what was held behind it before it is filed.
+	pending := u.backlog != nil
+	if pending {
 		d.backlogArrived(u, TenantID(tenant), e.seq)
 	}
 	for {
@@ -244,7 +248,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			return
 		case l.blocked != nil && l.blocked.seq == e.seq:
 			d.unblock(u, l)
-		case l.blocked == nil && u.backlog == nil && u.waiting >= d.waitLimit():
+		case l.blocked == nil && !pending && u.backlog == nil && u.waiting >= d.waitLimit():
 			// Backpressure: the pull waits while the partition has a full batch
 			// waiting for a handler. Events held behind a retry do not count, so a
 			// held tenant never stops the others of its partition; they are bounded
@@ -389,8 +393,10 @@ func (d *dispatcher) runLanes() {
 		case hold:
 			d.block(u, l, e)
 			// A nak's own delay may be longer than the policy's: the event comes
-			// back no sooner, and its tenant waits for it.
-			l.until = time.Now().Add(max(d.retryDelay(e), e.nakDelay) + u.ackWait + d.core.topo.PublishTimeout)
+			// back no sooner, and its tenant waits for it (a delay of "forever"
+			// must not wrap round to a wait already over).
+			slack := u.ackWait + d.core.topo.PublishTimeout
+			l.until = time.Now().Add(min(max(d.retryDelay(e), e.nakDelay), math.MaxInt64-slack) + slack)
 		case !e.acked && !e.naked:
 			u.returned[e.seq] = e
 		}

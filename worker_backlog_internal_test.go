@@ -1,0 +1,59 @@
+package mq
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// heldBacklog is a dispatcher holding partition 0 for the events noted pending at
+// open, of which want were still pending at the take.
+func heldBacklog(want int, noted map[TenantID][]uint64) (*dispatcher, *unit) {
+	d := &dispatcher{lanes: map[TenantID]*lane{}, units: map[int]*unit{}}
+	d.wake = sync.NewCond(&d.mu)
+	u := &unit{p: 0, backlog: &backlog{want: want, tenants: noted}}
+	d.units[0] = u
+	return d, u
+}
+
+func TestBacklog_HoldsOnlyTheTenantsWithANotedEventStillToCome(t *testing.T) {
+	d, u := heldBacklog(3, map[TenantID][]uint64{"acme": {4, 7}, "globex": {5}})
+	acme, globex, other := &lane{tenant: "acme"}, &lane{tenant: "globex"}, &lane{tenant: "initech"}
+	assert.True(t, u.backlogHolds(acme))
+	assert.True(t, u.backlogHolds(globex))
+	assert.False(t, u.backlogHolds(other), "a tenant with nothing noted goes on")
+
+	d.backlogArrived(u, "globex", 5)
+	assert.False(t, u.backlogHolds(globex), "globex's one noted event arrived")
+	d.backlogArrived(u, "acme", 9) // a new event: acme still waits for 4 and 7
+	d.backlogArrived(u, "acme", 7)
+	assert.True(t, u.backlogHolds(acme), "acme's 4 is still to come")
+	d.backlogArrived(u, "acme", 4)
+	assert.Nil(t, u.backlog, "every noted event arrived")
+}
+
+// After a crash the noted events include some acknowledged out of order, which the
+// server never sends again: the backlog ends once as many noted events arrived as the
+// durable had pending at the take, not an ack wait later.
+func TestBacklog_EndsOnceAsManyNotedEventsArrivedAsTheDurableHadPending(t *testing.T) {
+	d, u := heldBacklog(2, map[TenantID][]uint64{"acme": {4, 7}, "globex": {5, 6}})
+	d.backlogArrived(u, "acme", 7)
+	require.NotNil(t, u.backlog)
+	d.backlogArrived(u, "globex", 6)
+	assert.Nil(t, u.backlog, "4 and 5 were acknowledged before the crash: nothing more is due")
+}
+
+func TestReturning_GivesAPartitionsEventsOnlyWhileItsDurableDeliveredNothingNew(t *testing.T) {
+	var r returning
+	r.note(2, 10, "acme", 4)
+	r.note(2, 10, "acme", 7)
+	got := r.since(2, 10)
+	assert.Equal(t, map[TenantID][]uint64{"acme": {4, 7}}, got)
+	got["acme"][0] = 99 // a taker's copy: the next taker gets the events as noted
+	assert.Equal(t, map[TenantID][]uint64{"acme": {4, 7}}, r.since(2, 10))
+	assert.Nil(t, r.since(1, 10), "nothing noted on partition 1")
+	assert.Nil(t, r.since(2, 11), "the durable delivered beyond them")
+	assert.Nil(t, r.since(2, 10), "and they are forgotten")
+}
