@@ -114,19 +114,29 @@ type entry struct {
 	// op is the consumer span and metrics of the delivery's handler call, and tries
 	// its record of attempts when this worker saw none before: kept in the entry, so
 	// a delivery that is acked at once allocates neither.
-	op       operation
-	tries    tries
-	budget   budgetSettler // settler's storage on EmbeddedNATS
-	part     int
-	seq      uint64
-	attempt  int
-	naked    bool          // the handler nak'ed it
-	nakDelay time.Duration // the delay of the handler's nak
-	acked    bool          // settled by an ack: by the handler or by a park
-	unsent   bool          // the handler's ack or nak failed: the ack wait redelivers it
+	op      operation
+	tries   tries
+	budget  budgetSettler // settler's storage on EmbeddedNATS
+	part    int
+	seq     uint64
+	attempt int
+	// settles are the settles made, wasAcked, wasNaked and wasUnsent: atomic, as a
+	// handler may settle from a goroutine of its own while its call returns.
+	settles  atomic.Uint32
+	nakDelay time.Duration // the delay of the handler's nak (under dispatcher.mu)
 	extended time.Time     // when keepAlive last extended its ack wait
 	ackWait  time.Duration
 }
+
+// The settles an entry records.
+const (
+	wasAcked  uint32 = 1 << iota // by the handler or by a park
+	wasNaked                     // by the handler
+	wasUnsent                    // the handler's ack or nak failed: the ack wait redelivers it
+)
+
+// made reports whether any of the settles in mask was made.
+func (e *entry) made(mask uint32) bool { return e.settles.Load()&mask != 0 }
 
 // observe tells the dispatcher of a settle the handler made.
 func (e *entry) observe(kind settled, delay time.Duration) { e.d.observe(e.u, e, kind, delay) }
@@ -397,10 +407,10 @@ func (d *dispatcher) runLanes() {
 			// must not wrap round to a wait already over).
 			slack := u.ackWait + d.core.topo.PublishTimeout
 			l.until = time.Now().Add(min(max(d.retryDelay(e), e.nakDelay), math.MaxInt64-slack) + slack)
-		case !e.acked && !e.naked:
+		case !e.made(wasAcked | wasNaked):
 			u.returned[e.seq] = e
 		}
-		if e.acked {
+		if e.made(wasAcked) {
 			delete(d.tries, eventRef{e.part, e.seq})
 		} else if t == &e.tries {
 			d.tries[eventRef{e.part, e.seq}] = t // for its next attempt
@@ -424,13 +434,14 @@ func (d *dispatcher) observe(u *unit, e *entry, kind settled, delay time.Duratio
 	defer d.mu.Unlock()
 	switch kind {
 	case settledAck:
-		e.acked = true
+		e.settles.Or(wasAcked)
 		u.lastAcked = e.m.Reply()
 		delete(d.tries, eventRef{e.part, e.seq})
 	case settledNak:
-		e.naked, e.nakDelay = true, delay
+		e.settles.Or(wasNaked)
+		e.nakDelay = delay
 	case settledFailed:
-		e.unsent = true
+		e.settles.Or(wasUnsent)
 		return // still the host's to settle, and Close's to hand back
 	}
 	if u.returned[e.seq] == e {

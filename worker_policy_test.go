@@ -522,3 +522,37 @@ func TestWorker_AHandlersNakWithALongDelayHoldsItsTenantForThatDelay(t *testing.
 	defer stop()
 	assert.Equal(t, []string{"0", "0", "1", "2"}, calls.await(t, 4), "the nak'ed event comes back before its tenant's later ones")
 }
+
+// TestWorker_AHandlerThatAcksFromAGoroutineOfItsOwnAsItReturnsHoldsNothing: each ack
+// is made by a goroutine the handler starts as it returns, so it may land before or
+// after the worker reads how its call settled; every event is handled once, in order,
+// and none is held or comes back.
+func TestWorker_AHandlerThatAcksFromAGoroutineOfItsOwnAsItReturnsHoldsNothing(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 64<<20))
+	const events = 50
+	var want []string
+	for i := range events {
+		want = append(want, strconv.Itoa(i))
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte(want[i])))
+	}
+	w, err := e.CreateConsumer(ctx, ConsumerConfig{})
+	require.NoError(t, err)
+	var calls arrivals
+	var acks sync.WaitGroup
+	stop, _, err := w.Consume(func(m *Message) error {
+		calls.add(string(m.Data))
+		acks.Go(func() { assert.NoError(t, m.Ack()) })
+		return nil
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	assert.Equal(t, want, calls.await(t, events))
+	acks.Wait()
+	assert.Eventually(t, func() bool {
+		_, used := e.budgets.snapshot()
+		return used["acme"] == 0
+	}, 10*time.Second, 20*time.Millisecond, "every event acked")
+}

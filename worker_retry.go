@@ -37,13 +37,13 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 	if err == nil {
 		// An ack that failed leaves the event to come back by the ack wait, perhaps at
 		// another worker: its tenant's next event must not start before it.
-		return e.naked || (e.unsent && !e.acked)
+		return e.made(wasNaked) || (e.made(wasUnsent) && !e.made(wasAcked))
 	}
 	t.lastErr = err.Error()
 	switch {
-	case e.acked:
+	case e.made(wasAcked):
 		return false // the handler settled it and still failed: nothing to retry
-	case e.naked:
+	case e.made(wasNaked):
 		return true
 	case d.policy.maxDeliveries > 0 && e.attempt >= d.policy.maxDeliveries:
 		return d.giveUp(ctx, e, t)
@@ -92,9 +92,7 @@ func (d *dispatcher) giveUp(attempt context.Context, e *entry, t *tries) (hold b
 		d.core.log.Warn("mq: cannot acknowledge a parked event", "stream", d.core.partitions[e.part], "seq", e.seq, "error", err)
 		return false
 	}
-	d.mu.Lock()
-	e.acked = true
-	d.mu.Unlock()
+	e.settles.Or(wasAcked)
 	return false
 }
 
