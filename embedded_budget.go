@@ -152,13 +152,10 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			if err != nil {
 				continue
 			}
-			if e.holdStored(p, m, meta) && meta.Sequence.Stream <= delivered {
+			if tenant, held := e.holdStored(p, m, meta); held && meta.Sequence.Stream <= delivered {
 				counted++
 				e.doubtful[p] = append(e.doubtful[p], meta.Sequence.Stream)
-				if key, ok := e.subs.key(m.Subject()); ok {
-					tenant, _, _ := strings.Cut(key, ".") // a key's first token is its tenant
-					e.core.returning.note(p, delivered, TenantID(tenant), meta.Sequence.Stream)
-				}
+				e.core.returning.note(p, delivered, tenant, meta.Sequence.Stream)
 			}
 			if meta.Sequence.Stream >= last {
 				return nil
@@ -232,14 +229,14 @@ func (e *EmbeddedNATS) saveAcked() {
 }
 
 // holdStored counts a stored event (delivered headers-only) against its tenant
-// unless it is known to be acknowledged, and reports whether it did.
-func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta *jetstream.MsgMetadata) bool {
+// unless it is known to be acknowledged, and reports the tenant and whether it did.
+func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta *jetstream.MsgMetadata) (TenantID, bool) {
 	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
 	ev, ok := e.storedEvent(m.Subject(), m.Headers(), dataLen)
 	if !ok {
-		return false
+		return "", false
 	}
-	return e.budgets.adopt(eventRef{p, meta.Sequence.Stream}, ev, meta.Timestamp)
+	return ev.tenant, e.budgets.adopt(eventRef{p, meta.Sequence.Stream}, ev, meta.Timestamp)
 }
 
 // storedEvent is what a stored event counts, and against which tenant; false for a

@@ -116,10 +116,10 @@ func (d *dispatcher) endBacklog(u *unit) {
 // elsewhere, through ListenAddr, delivers too).
 type returning struct {
 	mu sync.Mutex
-	m  map[int]*returned
+	m  map[int]*pendingAtOpen
 }
 
-type returned struct {
+type pendingAtOpen struct {
 	delivered uint64
 	tenants   map[TenantID][]uint64
 }
@@ -130,10 +130,10 @@ func (r *returning) note(p int, delivered uint64, tenant TenantID, seq uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
-		r.m = map[int]*returned{}
+		r.m = map[int]*pendingAtOpen{}
 	}
 	if r.m[p] == nil {
-		r.m[p] = &returned{delivered: delivered, tenants: map[TenantID][]uint64{}}
+		r.m[p] = &pendingAtOpen{delivered: delivered, tenants: map[TenantID][]uint64{}}
 	}
 	r.m[p].tenants[tenant] = append(r.m[p].tenants[tenant], seq)
 }
