@@ -217,7 +217,7 @@ func TestEmbeddedNATS_ReplayIsBoundedToWhatWasStoredAtItsStart(t *testing.T) {
 	for range 300 {
 		require.NoError(t, e.Publish(ctx, topic, []byte("old")))
 	}
-	require.Eventually(t, func() bool { return replayCount(t, e, topic) == 300 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return replayCount(t, e, topic) == 300 }, 30*time.Second, 10*time.Millisecond)
 	sent := 0
 	err := e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
 		if sent == 0 {
@@ -255,7 +255,7 @@ func TestEmbeddedNATS_PurgeAckedKeepsUnackedAndRecentEventsPerTenant(t *testing.
 	assert.ElementsMatch(t, []string{"a", "a", "b", "b"}, drain(t, e, 4))
 	require.NoError(t, e.Publish(ctx, acme, []byte("left")))
 	require.Eventually(t, func() bool { return replayCount(t, e, acme) == 3 && replayCount(t, e, globex) == 2 },
-		5*time.Second, 10*time.Millisecond)
+		30*time.Second, 10*time.Millisecond)
 
 	purged, err := e.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{"globex": time.Now().Add(-time.Hour)})
 	require.NoError(t, err)

@@ -36,7 +36,18 @@ func TestStatusOncePrintsPartitionsOwnersSourcesParkedCountsAndConsumers(t *test
 	}
 	defer func() { _ = m.Ack() }()
 
-	code, stdout, stderr := runArgs(t, "status", "-url", e.ClientURL(), "-once", "-listen", "1500ms")
+	// The history copies the event asynchronously: status reads it once it is there.
+	// Heartbeats come every second; the listen window gives room for a slow one.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st, err := e.Status(t.Context(), mq.StatusOptions{ListenWorkers: time.Nanosecond})
+		if err == nil && st.History.Messages >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the history never held the event: %+v, %v", st.History, err)
+		}
+	}
+	code, stdout, stderr := runArgs(t, "status", "-url", e.ClientURL(), "-once", "-listen", "3s")
 	if code != 0 {
 		t.Fatalf("status: exit %d\nstderr:\n%s", code, stderr)
 	}
