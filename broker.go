@@ -259,7 +259,8 @@ type DeadLetterManager interface {
 	// from the dead-letter queue only once stored. It returns how many it redrove, also
 	// on an error. An event parked again while it runs waits for the next Redrive. An
 	// id that is not tenant's parked event wraps ErrDeadLetterNotFound, and then
-	// nothing is redriven.
+	// nothing is redriven; an id given twice is one event. A park another call removed
+	// meanwhile (two redrives at once) is no error and is counted by that call.
 	Redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error)
 	// DeleteDeadLetters removes the selected parked events and returns how many, with
 	// the errors of Redrive.

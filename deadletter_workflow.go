@@ -177,10 +177,15 @@ func (c *natsCore) selected(ctx context.Context, op string, tenant TenantID, sel
 			return fmt.Errorf("%w: %s: select by ids or by table, not both", ErrInvalidConfig, op)
 		}
 		var ps []*parked
+		seen := map[uint64]bool{}
 		for _, id := range sel.IDs {
 			seq, err := strconv.ParseUint(id, 10, 64)
+			if err == nil && seen[seq] {
+				continue // an id given twice is one event
+			}
 			var p *parked
 			if err == nil && seq > 0 {
+				seen[seq] = true
 				if p, err = c.getParked(ctx, seq, ""); err != nil {
 					return fmt.Errorf("%s: %w", op, err)
 				}
@@ -244,37 +249,46 @@ func (c *natsCore) dlqLastSeq(ctx context.Context) (uint64, error) {
 	return answer.State.LastSeq, nil
 }
 
-// deleteParked removes parked event seq; one already gone is no error.
-func (c *natsCore) deleteParked(ctx context.Context, seq uint64) error {
+// deleteParked removes parked event seq and reports whether this call removed it; one
+// already gone (another call removed it) is no error. The server answers such a delete
+// with one of several codes (10057 "no message found" from its store, 10043 for a
+// sequence it never had), so a refused delete is settled by reading seq back.
+func (c *natsCore) deleteParked(ctx context.Context, seq uint64) (bool, error) {
 	data, err := c.dlqRequest(ctx, "STREAM.MSG.DELETE", struct {
 		Seq     uint64 `json:"seq"`
 		NoErase bool   `json:"no_erase"`
 	}{seq, true})
 	if err != nil {
-		return err
+		return false, err
 	}
 	var answer struct {
 		Error   *jetstream.APIError `json:"error"`
 		Success bool                `json:"success"`
 	}
 	if err := json.Unmarshal(data, &answer); err != nil {
-		return err
+		return false, err
 	}
-	if answer.Error != nil && answer.Error.ErrorCode != jsErrNoMessageFound {
-		return fmt.Errorf("delete dead letter %d on %s: %w", seq, c.deadLetters, answer.Error)
+	if answer.Error == nil {
+		return true, nil
 	}
-	return nil
+	if answer.Error.ErrorCode != jsErrNoMessageFound {
+		if p, err := c.getParked(ctx, seq, ""); err != nil || p != nil {
+			return false, fmt.Errorf("delete dead letter %d on %s: %w", seq, c.deadLetters, answer.Error)
+		}
+	}
+	return false, nil
 }
 
-// deleteDeadLetters removes what sel selects of tenant's parked events.
+// deleteDeadLetters removes what sel selects of tenant's parked events; the count is of
+// those this call removed.
 func (c *natsCore) deleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
 	n := 0
 	err := c.selected(ctx, "delete dead letters", tenant, sel, func(p *parked) error {
-		if err := c.deleteParked(ctx, p.seq); err != nil {
-			return err
+		removed, err := c.deleteParked(ctx, p.seq)
+		if removed {
+			n++
 		}
-		n++
-		return nil
+		return err
 	})
 	return n, err
 }
@@ -310,10 +324,13 @@ func (c *natsCore) redrive(ctx context.Context, tenant TenantID, sel DeadLetterS
 		if err := publish(ctx, topic, p.msg.Data, opts...); err != nil {
 			return fmt.Errorf("redrive %d: %w", p.seq, err)
 		}
-		if err := c.deleteParked(ctx, p.seq); err != nil {
+		removed, err := c.deleteParked(ctx, p.seq)
+		if err != nil {
 			return fmt.Errorf("redrive %d: stored again, still parked: %w", p.seq, err)
 		}
-		n++
+		if removed { // else a redrive beside this one took it, and counts it
+			n++
+		}
 		return nil
 	})
 	return n, err

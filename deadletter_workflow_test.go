@@ -269,3 +269,41 @@ func TestEmbeddedNATS_ARedriveKilledHalfWayAndRerunStoresEachOnce(t *testing.T) 
 		assert.Equal(t, "orders", m.Topic().Table)
 	}
 }
+
+// TestEmbeddedNATS_TwoRedrivesOfOneTableAtOnceStoreEachOnceAndNeitherFails: two
+// operators (or a retried mqctl dlq redrive) redrive the same table at the same time.
+// A park the other call removed first is no error for either; together they count
+// each event once, each is stored once, and nothing stays parked.
+func TestEmbeddedNATS_TwoRedrivesOfOneTableAtOnceStoreEachOnceAndNeitherFails(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	const parks = 40
+	park(t, e, "acme", "orders", parks)
+	before := partitionLastSeq(t, e.core, "acme")
+
+	type result struct {
+		n   int
+		err error
+	}
+	results := make(chan result, 2)
+	start := make(chan struct{})
+	for range 2 {
+		go func() {
+			<-start
+			n, err := e.Redrive(ctx, "acme", DeadLetterSelector{Table: "orders"})
+			results <- result{n, err}
+		}()
+	}
+	close(start)
+	total := 0
+	for range 2 {
+		r := <-results
+		require.NoError(t, r.err, "a redrive beside another")
+		total += r.n
+	}
+	assert.Equal(t, parks, total, "the two calls count each event once")
+	assert.Equal(t, before+parks, partitionLastSeq(t, e.core, "acme"), "each event stored once")
+	assert.Equal(t, uint64(0), parkedCount(t, e, "acme", "orders"), "nothing stays parked")
+}

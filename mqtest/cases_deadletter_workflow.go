@@ -21,15 +21,42 @@ func deadLetterWorkflowCases() []testCase {
 			publishes: "parks on acme/orders and globex/orders",
 			run:       redriveByIDAndDelete,
 		},
+		{
+			name: "DeadLetterManagerTakesAnIDGivenTwiceAsOneEvent",
+			proves: "A selector naming one park twice redrives or deletes it once, counts it " +
+				"once and is no error (a retried or merged id list is common). Skipped for " +
+				"a broker without mq.DeadLetterManager.",
+			publishes: "2 parks on acme/orders",
+			run:       sameIDTwice,
+		},
 	}
+}
+
+func sameIDTwice(t *testing.T, h Harness) {
+	e := setup(t, h)
+	dm := deadLetterManager(t, e)
+	tp := topic(Acme, "orders", "")
+	e.park(tp, "redriven")
+	e.park(tp, "deleted")
+	page, _, err := dm.DeadLetters(e.ctx, Acme, mq.DeadLetterQuery{})
+	require.NoError(t, err)
+	require.Len(t, page, 2)
+
+	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
+	n, err := dm.Redrive(e.ctx, Acme, mq.DeadLetterSelector{IDs: []string{page[0].ID, page[0].ID}})
+	require.NoError(t, err, "redrive of one id given twice")
+	assert.Equal(t, 1, n, "redriven")
+	assert.Equal(t, "redriven", next1(t, c.deliveries).data)
+	n, err = dm.DeleteDeadLetters(e.ctx, Acme, mq.DeadLetterSelector{IDs: []string{page[1].ID, page[1].ID}})
+	require.NoError(t, err, "delete of one id given twice")
+	assert.Equal(t, 1, n, "deleted")
+	assertCounts(t, nil, 0, e.counts(Acme, ""), "acme: nothing parked")
+	none(t, c.deliveries)
 }
 
 func redriveByIDAndDelete(t *testing.T, h Harness) {
 	e := setup(t, h)
-	dm, ok := e.b.(mq.DeadLetterManager)
-	if !ok {
-		t.Skipf("%T does not implement mq.DeadLetterManager", e.b)
-	}
+	dm := deadLetterManager(t, e)
 	tp := topic(Acme, "orders", "")
 	for _, d := range []string{"first", "second", "third"} {
 		e.park(tp, d, mq.WithHeader("X-Orig", d), mq.WithHeader(mq.HeaderDeadReason, mq.DeadReasonHandlerFailed))
@@ -69,6 +96,17 @@ func redriveByIDAndDelete(t *testing.T, h Harness) {
 	assertCounts(t, nil, 0, e.counts(Acme, ""), "acme after the delete")
 	assertCounts(t, map[string]uint64{"orders": 1}, 1, e.counts(Globex, ""), "globex")
 	none(t, c.deliveries)
+}
+
+// deadLetterManager is e's broker as an mq.DeadLetterManager; the case is skipped for a
+// broker without it.
+func deadLetterManager(t *testing.T, e *env) mq.DeadLetterManager {
+	t.Helper()
+	dm, ok := e.b.(mq.DeadLetterManager)
+	if !ok {
+		t.Skipf("%T does not implement mq.DeadLetterManager", e.b)
+	}
+	return dm
 }
 
 func next1(t *testing.T, ch <-chan delivery) delivery {

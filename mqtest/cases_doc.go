@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 113 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 114 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -451,6 +451,11 @@ import "slices"
 //     no longer parked, and deletes the rest; another tenant's park is never touched.
 //     Skipped for a broker without the interface. Publishes: parks on acme/orders and
 //     globex/orders.
+//
+//   - DeadLetterManagerTakesAnIDGivenTwiceAsOneEvent: A selector naming one park twice
+//     redrives or deletes it once, counts it once and is no error (a retried or merged
+//     id list is common). Skipped for a broker without mq.DeadLetterManager. Publishes:
+//     2 parks on acme/orders.
 //
 //   - MaxBytesReportsTheBudget: MaxBytes reports each budget right after it is set.
 //     Publishes: nothing.
