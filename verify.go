@@ -530,8 +530,21 @@ func (v *verifier) checkHistory(ctx context.Context) error {
 	if cfg.Discard != jetstream.DiscardOld {
 		v.add(Required, obj, "discard", "is %s, must be old: a full history would hold events on the partitions and refuse ingest", jsonName(cfg.Discard))
 	}
-	if cfg.MaxAge <= 0 {
+	switch {
+	case cfg.MaxAge <= 0:
 		v.add(Required, obj, "max_age", "is unlimited, must be set to at least the longest gap window served")
+	case cfg.MaxAge < v.topo.HistoryMaxAge:
+		v.add(Recommended, obj, "max_age", "is %s, shorter than the topology's HistoryMaxAge %s: a replay of an older gap misses events",
+			cfg.MaxAge, v.topo.HistoryMaxAge)
+	}
+	if cfg.MaxMsgsPerSubject > 0 {
+		v.add(Recommended, obj, "max_msgs_per_subject", "is %d: a topic's replay keeps only its last %d events", cfg.MaxMsgsPerSubject, cfg.MaxMsgsPerSubject)
+	}
+	if cfg.MaxMsgs > 0 {
+		v.add(Recommended, obj, "max_msgs", "is %d: bound the history by max_age and max_bytes, or a burst shortens every replay's window", cfg.MaxMsgs)
+	}
+	if cfg.Storage != jetstream.FileStorage {
+		v.add(Recommended, obj, "storage", "is %s: a server restart empties the history, and replays of gaps before it", jsonName(cfg.Storage))
 	}
 	if cfg.MaxBytes <= 0 {
 		v.add(Recommended, obj, "max_bytes", "is unlimited: bound the history's disk")
@@ -563,8 +576,21 @@ func (v *verifier) checkDeadLetters(ctx context.Context) error {
 		v.add(Required, "stream "+names[0], "name", "found by subject but not by name")
 		return nil
 	}
-	cfg := info.Config
+	v.checkDeadLetterStream(info.Config)
+	return nil
+}
+
+func (v *verifier) checkDeadLetterStream(cfg jetstream.StreamConfig) {
 	obj := "stream " + cfg.Name
+	if want := v.topo.DeadLetterStream(); cfg.Name != want {
+		v.add(Recommended, obj, "name", "must be %s for the dead-letter workflow (DeadLetters, Redrive, mqctl dlq) under the application user's permissions, which name it; parking works either way", want)
+	}
+	if cfg.NoAck {
+		v.add(Required, obj, "no_ack", "is set: a park would never be confirmed")
+	}
+	if cfg.Sealed {
+		v.add(Required, obj, "sealed", "is set: a sealed stream takes no parks")
+	}
 	if !slices.Contains(cfg.Subjects, v.subs.deadLetterAll()) {
 		v.add(Required, obj, "subjects", "%v must include %s", cfg.Subjects, v.subs.deadLetterAll())
 	}
@@ -586,5 +612,4 @@ func (v *verifier) checkDeadLetters(ctx context.Context) error {
 	if cfg.MaxMsgsPerSubject <= 0 {
 		v.add(Recommended, obj, "max_msgs_per_subject", "is unlimited: set it so one flooding topic evicts only its own parked events")
 	}
-	return nil
 }

@@ -192,6 +192,12 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		{"history discard", func(t *testing.T, s *shape) { s.stream(t, hist).Discard = jetstream.DiscardNew }, req(stream(hist), "discard"), nil},
 		{"history max_age", func(t *testing.T, s *shape) { s.stream(t, hist).MaxAge = 0 }, req(stream(hist), "max_age"), nil},
 		{"history max_bytes", func(t *testing.T, s *shape) { s.stream(t, hist).MaxBytes = -1 }, rec(stream(hist), "max_bytes"), nil},
+		{"history max_age shorter than the topology's", func(t *testing.T, s *shape) {
+			s.stream(t, hist).MaxAge = s.topo.HistoryMaxAge - time.Minute
+		}, rec(stream(hist), "max_age"), nil},
+		{"history max_msgs_per_subject", func(t *testing.T, s *shape) { s.stream(t, hist).MaxMsgsPerSubject = 1 }, rec(stream(hist), "max_msgs_per_subject"), nil},
+		{"history max_msgs", func(t *testing.T, s *shape) { s.stream(t, hist).MaxMsgs = 1000 }, rec(stream(hist), "max_msgs"), nil},
+		{"history storage", func(t *testing.T, s *shape) { s.stream(t, hist).Storage = jetstream.MemoryStorage }, rec(stream(hist), "storage"), nil},
 		{"history monitor metadata expecting another source count", func(t *testing.T, s *shape) {
 			s.stream(t, hist).Metadata[monitorMinSources] = "3"
 		}, rec(stream(hist), "metadata"), nil},
@@ -202,6 +208,8 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		{"dead-letter storage", func(t *testing.T, s *shape) { s.stream(t, dlq).Storage = jetstream.MemoryStorage }, req(stream(dlq), "storage"), nil},
 		{"dead-letter max_bytes", func(t *testing.T, s *shape) { s.stream(t, dlq).MaxBytes = -1 }, req(stream(dlq), "max_bytes"), nil},
 		{"dead-letter deny_delete", func(t *testing.T, s *shape) { s.stream(t, dlq).DenyDelete = true }, req(stream(dlq), "deny_delete"), nil},
+		{"dead-letter no_ack", func(t *testing.T, s *shape) { s.stream(t, dlq).NoAck = true }, req(stream(dlq), "no_ack"), nil},
+		{"dead-letter stream under another name", func(t *testing.T, s *shape) { s.stream(t, dlq).Name = "PARKED" }, rec(stream("PARKED"), "name"), nil},
 		{"dead-letter max_msgs_per_subject", func(t *testing.T, s *shape) { s.stream(t, dlq).MaxMsgsPerSubject = -1 }, rec(stream(dlq), "max_msgs_per_subject"), nil},
 	}
 	// says is what a rule's problem must say: an enum value is spelled as in
@@ -224,6 +232,8 @@ func TestVerifyNATSTopology_EachRuleBrokenAloneGivesExactlyItsFinding(t *testing
 		"dead-letter retention":                                   "is interest, must be limits",
 		"dead-letter discard":                                     "is new, must be old",
 		"dead-letter storage":                                     "is memory, must be file",
+		"dead-letter stream under another name":                   "must be WH_DLQ",
+		"history max_age shorter than the topology's":             "is 14m0s, shorter than the topology's HistoryMaxAge 15m0s",
 	}
 	known := map[string]bool{}
 	for _, tc := range cases {
@@ -263,11 +273,14 @@ func TestVerifier_RulesNoSingleServerCanBreak(t *testing.T) {
 	cfg.Mirror = &jetstream.StreamSource{Name: "ELSEWHERE"}
 	cfg.Sealed = true
 	v.checkPartition(0, cfg)
+	dlq := topo.deadLetterConfig()
+	dlq.Sealed = true
+	v.checkDeadLetterStream(dlq)
 	var got []finding
 	for _, f := range v.findings {
 		got = append(got, keyOf(f))
 	}
-	assert.ElementsMatch(t, []finding{{Required, "stream WH_INGEST_0", "mirror"}, {Required, "stream WH_INGEST_0", "sealed"}}, got)
+	assert.ElementsMatch(t, []finding{{Required, "stream WH_INGEST_0", "mirror"}, {Required, "stream WH_INGEST_0", "sealed"}, {Required, "stream WH_DLQ", "sealed"}}, got)
 }
 
 func TestVerifyNATSTopology_ASourceNotAttachedYetIsTransient(t *testing.T) {
