@@ -12,6 +12,8 @@ import (
 // subscribe on: everything the brokers do (publish, pull, ack and unpin the ingest
 // durable, the workers' presence, dead letters, the hub and replay consumers on the
 // history, stream and consumer info, reading and deleting single parked events) and nothing that changes the topology.
+// A permission names a stream, not the kind of consumer: the user may create and delete
+// any consumer on the history, so other readers of it belong on a mirror.
 type NATSPermissions struct {
 	PublishAllow   []string
 	PublishDeny    []string
