@@ -79,7 +79,8 @@ var (
 
 	// ErrInvalidConfig: a ConsumerConfig or an argument that cannot work, such as a
 	// negative duration, count, prefetch or budget, a partition the topology does not
-	// have, or a nil context, handler or send function. Nothing was started or changed.
+	// have, or a nil context, handler or send function; a broker configuration that
+	// cannot work, or credentials the server refuses. Nothing was started or changed.
 	ErrInvalidConfig = errors.New("mq: invalid config")
 )
 

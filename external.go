@@ -79,7 +79,9 @@ var (
 
 // NewNATS connects to the cluster and waits, up to TopologyWait, until the topology
 // verifies. A required finding left at the end is a *TopologyError listing every
-// finding; a cluster never reached is ErrUnavailable. Recommended findings are logged.
+// finding; a cluster never reached is ErrUnavailable. A configuration that cannot work,
+// credentials files included, and credentials the server refuses are ErrInvalidConfig,
+// at once. Recommended findings are logged.
 func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -97,9 +99,13 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	if e.inst, err = newInstruments(cfg.MeterProvider, cfg.MetricsTenants); err != nil {
 		return nil, fmt.Errorf("nats: metrics: %w", err)
 	}
-	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
+	wait := cmp.Or(cfg.TopologyWait, defaultTopologyWait)
+	deadline := time.Now().Add(wait)
+	bctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
+	defer cancel()
+	nc, err := dial(bctx, cfg, opts, e.closedCh, deadline)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect to %s: %w", ErrUnavailable, redactURLs(cfg.URLs), err)
+		return nil, err
 	}
 	e.nc = nc
 	e.connected.Store(nc.IsConnected())
@@ -107,10 +113,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 		nc.Close()
 		return nil, fmt.Errorf("nats: jetstream: %w", err)
 	}
-	wait := cmp.Or(cfg.TopologyWait, defaultTopologyWait)
-	bctx, cancel := context.WithTimeout(ctx, wait+time.Second)
-	defer cancel()
-	recommended, err := AwaitNATSTopology(bctx, e.js, e.topo, wait)
+	recommended, err := AwaitNATSTopology(bctx, e.js, e.topo, time.Until(deadline))
 	if err == nil {
 		err = e.resolveStreams(bctx)
 	}
@@ -377,8 +380,8 @@ func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
 // ConnectNATS dials the cluster with the connection options NewNATS uses (credentials,
 // TLS, inbox prefix, timeouts, reconnects) and waits up to TopologyWait until it is
 // connected; it verifies nothing. It is for a plain nats.go client working beside the
-// library as the same user, such as mqctl bench's baseline. A cluster never reached is
-// ErrUnavailable; the caller closes the connection.
+// library as the same user, such as mqctl bench's baseline. Its errors are NewNATS's;
+// the caller closes the connection.
 func ConnectNATS(ctx context.Context, cfg NATSConfig) (*nats.Conn, error) {
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -390,20 +393,51 @@ func ConnectNATS(ctx context.Context, cfg NATSConfig) (*nats.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return dial(ctx, cfg, opts, probe.closedCh, time.Now().Add(cmp.Or(cfg.TopologyWait, defaultTopologyWait)))
+}
+
+// dial connects with opts and waits until connected, or until deadline: a cluster not
+// reached by then is ErrUnavailable. It returns at once with ErrInvalidConfig when
+// nats.go refuses opts (a URL that does not parse, a CA file that is not PEM) or gives
+// up on credentials the server refused twice (closed, a signal options' ClosedHandler
+// sends): retrying either cannot help.
+func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, closed <-chan struct{}, deadline time.Time) (*nats.Conn, error) {
+	// With RetryOnFailedConnect, Connect fails only on its options: an unreachable
+	// server is retried in the background.
 	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect to %s: %w", ErrUnavailable, redactURLs(cfg.URLs), err)
+		return nil, fmt.Errorf("%w: nats config: connect to %s: %w", ErrInvalidConfig, redactURLs(cfg.URLs), err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, cmp.Or(cfg.TopologyWait, defaultTopologyWait))
+	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	tick := time.NewTicker(awaitFirstBackoff)
+	defer tick.Stop()
 	for !nc.IsConnected() {
-		if sleepCtx(wctx, awaitFirstBackoff) != nil {
-			lastErr := nc.LastError()
-			nc.Close()
-			return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr)
+		select {
+		case <-tick.C:
+			continue
+		case <-closed:
+			if lastErr := nc.LastError(); refusedCredentials(lastErr) {
+				return nil, fmt.Errorf("%w: nats config: %s refused the credentials: %w", ErrInvalidConfig, redactURLs(cfg.URLs), lastErr)
+			}
+		case <-wctx.Done():
 		}
+		lastErr := nc.LastError()
+		nc.Close()
+		return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr)
 	}
 	return nc, nil
+}
+
+// refusedCredentials reports whether err is the server refusing the connection's
+// credentials.
+func refusedCredentials(err error) bool {
+	for _, refused := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired} {
+		if errors.Is(err, refused) {
+			return true
+		}
+	}
+	return false
 }
 
 // DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].

@@ -3,6 +3,7 @@
 package mq
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -61,11 +62,22 @@ func bootAndPublish(t *testing.T, cfg NATSConfig) {
 	require.NoError(t, e.Publish(testCtx(t), Topic{Tenant: "acme", Table: "t"}, []byte("x")))
 }
 
-func refusedAtBoot(t *testing.T, cfg NATSConfig) {
+// refusedAtBoot checks NewNATS refuses cfg with an error wrapping want. Credentials
+// the server refuses are ErrInvalidConfig as soon as nats.go gives up on them (after
+// the second refusal), well within the wait; anything else is ErrUnavailable once the
+// wait is over.
+func refusedAtBoot(t *testing.T, cfg NATSConfig, want error) {
 	t.Helper()
 	cfg.TopologyWait = 500 * time.Millisecond
+	if want == ErrInvalidConfig {
+		cfg.TopologyWait = time.Minute
+	}
 	_, err := NewNATS(t.Context(), cfg)
-	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, want)
+	if want == ErrInvalidConfig {
+		assert.NotErrorIs(t, err, ErrUnavailable, "retrying cannot help")
+		assert.Contains(t, err.Error(), "refused the credentials")
+	}
 }
 
 func TestNewNATS_BootsWithAnNKeySeedFileAndRefusesNoCredentials(t *testing.T) {
@@ -84,7 +96,7 @@ func TestNewNATS_BootsWithAnNKeySeedFileAndRefusesNoCredentials(t *testing.T) {
 	cfg := authConfig(url)
 	cfg.NKeySeedFile = seedFile
 	bootAndPublish(t, cfg)
-	refusedAtBoot(t, authConfig(url))
+	refusedAtBoot(t, authConfig(url), ErrInvalidConfig)
 }
 
 func TestNewNATS_BootsWithACredsFileInOperatorMode(t *testing.T) {
@@ -183,6 +195,43 @@ func TestNewNATS_BootsWithMutualTLSAndRefusesNoClientCertificate(t *testing.T) {
 	bootAndPublish(t, cfg)
 	noCert := authConfig(url)
 	noCert.TLS = NATSTLS{CAFile: ca.file}
-	refusedAtBoot(t, noCert)
+	refusedAtBoot(t, noCert, ErrUnavailable)
 	assert.NotEmpty(t, url)
+}
+
+// TestNewNATS_CredentialsTheServerRefusesAreInvalidConfigNotUnavailable: a wrong
+// password or an unknown user is refused as ErrInvalidConfig once nats.go gives up on
+// it, not retried as ErrUnavailable until the wait runs out (a host that retries on
+// ErrUnavailable would retry a typo forever); the password shows in no error. The
+// wait is an hour, bounded by a ctx of two minutes: a call that waited it out is the
+// ctx's ErrUnavailable.
+func TestNewNATS_CredentialsTheServerRefusesAreInvalidConfigNotUnavailable(t *testing.T) {
+	t.Parallel()
+	url := authServer(t, &server.Options{Users: []*server.User{{Username: "app", Password: "right-one"}}},
+		nats.UserInfo("app", "right-one"))
+	for name, user := range map[string]struct{ user, password string }{
+		"a wrong password": {"app", "wrong-secret"},
+		"an unknown user":  {"nobody", "wrong-secret"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := authConfig(url)
+			cfg.TopologyWait = time.Hour
+			cfg.User, cfg.PasswordFile = user.user, writeFile(t, "pw", []byte(user.password))
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			_, err := NewNATS(ctx, cfg)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.NotErrorIs(t, err, ErrUnavailable)
+			assert.ErrorIs(t, err, nats.ErrAuthorization)
+			assert.NotContains(t, err.Error(), "secret")
+			_, err = ConnectNATS(ctx, cfg)
+			require.ErrorIs(t, err, ErrInvalidConfig, "ConnectNATS, as NewNATS")
+			_, err = CheckNATS(ctx, cfg)
+			require.ErrorIs(t, err, ErrInvalidConfig, "CheckNATS, as NewNATS")
+		})
+	}
+	good := authConfig(url)
+	good.User, good.PasswordFile = "app", writeFile(t, "pw", []byte("right-one\n"))
+	bootAndPublish(t, good)
 }

@@ -73,11 +73,19 @@ func (t NATSTLS) enabled() bool {
 	return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.HandshakeFirst
 }
 
-// validate refuses a configuration that cannot work, before any dial.
+// validate refuses a configuration that cannot work, before any dial, with
+// ErrInvalidConfig.
 func (c NATSConfig) validate() error {
 	if err := c.NATSTopology.Validate(); err != nil {
 		return err
 	}
+	if err := c.checkConnection(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+func (c NATSConfig) checkConnection() error {
 	if len(c.URLs) == 0 {
 		return errors.New("nats config: no URLs")
 	}
@@ -201,17 +209,21 @@ func (c NATSConfig) options(e *ExternalNATS) ([]nats.Option, error) {
 	}
 	switch {
 	case c.CredsFile != "":
-		opts = append(opts, nats.UserCredentials(c.CredsFile))
+		opt := nats.UserCredentials(c.CredsFile)
+		if err := checkCreds(opt); err != nil {
+			return nil, fmt.Errorf("%w: nats config: creds file %s: %w", ErrInvalidConfig, c.CredsFile, err)
+		}
+		opts = append(opts, opt)
 	case c.NKeySeedFile != "":
 		opt, err := nats.NkeyOptionFromSeed(c.NKeySeedFile)
 		if err != nil {
-			return nil, fmt.Errorf("nats config: nkey seed file %s: %w", c.NKeySeedFile, err)
+			return nil, fmt.Errorf("%w: nats config: nkey seed file %s: %w", ErrInvalidConfig, c.NKeySeedFile, err)
 		}
 		opts = append(opts, opt)
 	case c.User != "":
 		pw, err := os.ReadFile(c.PasswordFile)
 		if err != nil {
-			return nil, fmt.Errorf("nats config: password file: %w", err)
+			return nil, fmt.Errorf("%w: nats config: password file: %w", ErrInvalidConfig, err)
 		}
 		opts = append(opts, nats.UserInfo(c.User, strings.TrimRight(string(pw), "\r\n")))
 	}
@@ -231,4 +243,19 @@ func (c NATSConfig) options(e *ExternalNATS) ([]nats.Option, error) {
 		}
 	}
 	return append(opts, nats.ReconnectJitter(jitter, jitter)), nil
+}
+
+// checkCreds reads a creds file through opt, as the connection will at each connect,
+// so an unreadable or malformed one is refused at once rather than retried until the
+// wait runs out. nats.go's errors name neither the JWT nor the seed.
+func checkCreds(opt nats.Option) error {
+	var o nats.Options
+	if err := opt(&o); err != nil {
+		return err
+	}
+	if _, err := o.UserJWT(); err != nil {
+		return err
+	}
+	_, err := o.SignatureCB([]byte("mq"))
+	return err
 }

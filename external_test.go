@@ -237,25 +237,31 @@ func TestNewNATS_RefusesConflictingOptionsBeforeDialing(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, []byte("x"), 0o600))
 	url := []string{"nats://127.0.0.1:1"}
 	cases := map[string]NATSConfig{
-		"no URLs":              {},
-		"an empty URL":         {URLs: []string{" "}},
-		"inline credentials":   {URLs: []string{"nats://wavehouse:s3cret@127.0.0.1:1"}},
-		"two auth methods":     {URLs: url, User: "u", PasswordFile: file, CredsFile: file},
-		"a user, no password":  {URLs: url, User: "u"},
-		"a password, no user":  {URLs: url, PasswordFile: file},
-		"half a key pair":      {URLs: url, TLS: NATSTLS{CertFile: file}},
-		"a bad prefix":         {URLs: url, NATSTopology: NATSTopology{Prefix: "a.b"}},
-		"a missing secret":     {URLs: url, User: "u", PasswordFile: filepath.Join(dir, "missing")},
-		"a missing nkey seed":  {URLs: url, NKeySeedFile: filepath.Join(dir, "missing")},
-		"a negative wait":      {URLs: url, TopologyWait: -time.Second},
-		"an unreadable CA":     {URLs: url, TLS: NATSTLS{CAFile: filepath.Join(dir, "missing")}},
-		"zero partitions left": {URLs: url, NATSTopology: NATSTopology{Partitions: -1}},
+		"no URLs":                      {},
+		"an empty URL":                 {URLs: []string{" "}},
+		"inline credentials":           {URLs: []string{"nats://wavehouse:s3cret@127.0.0.1:1"}},
+		"two auth methods":             {URLs: url, User: "u", PasswordFile: file, CredsFile: file},
+		"a user, no password":          {URLs: url, User: "u"},
+		"a password, no user":          {URLs: url, PasswordFile: file},
+		"half a key pair":              {URLs: url, TLS: NATSTLS{CertFile: file}},
+		"a bad prefix":                 {URLs: url, NATSTopology: NATSTopology{Prefix: "a.b"}},
+		"a missing secret":             {URLs: url, User: "u", PasswordFile: filepath.Join(dir, "missing")},
+		"a missing nkey seed":          {URLs: url, NKeySeedFile: filepath.Join(dir, "missing")},
+		"a negative wait":              {URLs: url, TopologyWait: -time.Second},
+		"an unreadable CA":             {URLs: url, TLS: NATSTLS{CAFile: filepath.Join(dir, "missing")}},
+		"zero partitions left":         {URLs: url, NATSTopology: NATSTopology{Partitions: -1}},
+		"a URL that does not parse":    {URLs: []string{"://nowhere"}},
+		"a port that is not a number":  {URLs: []string{"nats://127.0.0.1:port"}},
+		"a CA file that is not PEM":    {URLs: url, TLS: NATSTLS{CAFile: file}},
+		"a creds file that is a dir":   {URLs: url, CredsFile: dir},
+		"a creds file that is garbage": {URLs: url, CredsFile: file},
+		"a seed file that is garbage":  {URLs: url, NKeySeedFile: file},
 	}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {
 			start := time.Now()
 			_, err := NewNATS(t.Context(), cfg)
-			require.Error(t, err)
+			require.ErrorIs(t, err, ErrInvalidConfig)
 			assert.NotErrorIs(t, err, ErrUnavailable, "refused before any dial")
 			assert.NotContains(t, err.Error(), "s3cret", "a password never appears in an error")
 			assert.Less(t, time.Since(start), 5*time.Second)

@@ -147,7 +147,13 @@ func setDefault[T comparable](v *T, def T) {
 
 // Validate reports the first field of t (after defaults) that cannot work.
 func (t NATSTopology) Validate() error {
-	t = t.WithDefaults()
+	if err := t.WithDefaults().check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+func (t NATSTopology) check() error {
 	switch {
 	case !prefixPattern.MatchString(t.Prefix):
 		return fmt.Errorf("nats topology: prefix %q must be one token of [a-z0-9_-]", t.Prefix)
