@@ -80,7 +80,8 @@ func closeCases() []testCase {
 			name: "NoRetryOrQueuedCallStartsAfterCloseReturns",
 			proves: "Close while one tenant's event waits for its retry (RetryDelay 100 ms) with " +
 				"events queued behind it, and another tenant's call is in flight with events " +
-				"behind it: Close waits for that call, and once it returned no handler call " +
+				"behind it: Close returns (it may or may not wait for that call, which the " +
+				"case lets go soon after Close began), and once it returned no handler call " +
 				"begins, neither the retry nor a queued event, and failed reports nothing.",
 			publishes: "4 events each on acme/t and globex/t",
 			run:       noRetryAfterClose,

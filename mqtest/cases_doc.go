@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 114 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 115 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -27,6 +27,12 @@ import "slices"
 //   - IdempotencyKeyStoresOneEvent: A second publish with the same idempotency key
 //     succeeds and stores nothing; another key stores again. Publishes: 4 events on
 //     acme/idem, two with the same idempotency key.
+//
+//   - IdempotencyKeysAreScopedToTheTenant: Two tenants publishing under one idempotency
+//     key, by Publish and in a batch, both store their event (a collision would drop
+//     the second as a duplicate and report success: the event would be gone); a tenant
+//     repeating its own key stores once. Publishes: events on acme/idem and globex/idem
+//     under the same keys.
 //
 //   - HeadersRoundTripToConsume: Option headers reach the worker exactly as published.
 //     Publishes: 1 event with option headers on acme/hdr, 1 without on globex/hdr.
@@ -551,9 +557,10 @@ import "slices"
 //
 //   - NoRetryOrQueuedCallStartsAfterCloseReturns: Close while one tenant's event waits
 //     for its retry (RetryDelay 100 ms) with events queued behind it, and another
-//     tenant's call is in flight with events behind it: Close waits for that call, and
-//     once it returned no handler call begins, neither the retry nor a queued event,
-//     and failed reports nothing. Publishes: 4 events each on acme/t and globex/t.
+//     tenant's call is in flight with events behind it: Close returns (it may or may
+//     not wait for that call, which the case lets go soon after Close began), and once
+//     it returned no handler call begins, neither the retry nor a queued event, and
+//     failed reports nothing. Publishes: 4 events each on acme/t and globex/t.
 //
 //   - SettlingAHeldMessageAfterCloseReturnsErrClosed: A message the worker delivered
 //     and the handler held unsettled (as for a batch) cannot be settled once the broker

@@ -166,14 +166,14 @@ func subscribeStopsWithItsContext(t *testing.T, h Harness) {
 
 func subscribeHandlerError(t *testing.T, h Harness) {
 	e := setup(t, h)
-	ch := make(chan delivery, deliveryBuffer)
+	put, ch := e.mailbox()
 	var mu sync.Mutex
 	calls := map[string]int{}
 	require.NoError(t, e.b.Subscribe(e.ctx, "erring", func(m *mq.Message) error {
 		mu.Lock()
 		calls[string(m.Data)]++
 		mu.Unlock()
-		e.push(ch, m)
+		put(newDelivery(m))
 		if string(m.Data) == "fails" {
 			return errors.New("mqtest: handler failure")
 		}
@@ -192,9 +192,9 @@ func subscribeHandlerError(t *testing.T, h Harness) {
 
 func subscribeHandlerPanic(t *testing.T, h Harness) {
 	e := setup(t, h)
-	ch := make(chan delivery, deliveryBuffer)
+	put, ch := e.mailbox()
 	require.NoError(t, e.b.Subscribe(e.ctx, "panicking", func(m *mq.Message) error {
-		e.push(ch, m)
+		put(newDelivery(m))
 		if string(m.Data) == "boom" {
 			panic("mqtest: a hub handler that panics on one event")
 		}

@@ -48,6 +48,15 @@ func publishCases() []testCase {
 			run:       idempotencyKeyStoresOnce,
 		},
 		{
+			name: "IdempotencyKeysAreScopedToTheTenant",
+			proves: "Two tenants publishing under one idempotency key, by Publish and in a " +
+				"batch, both store their event (a collision would drop the second as a " +
+				"duplicate and report success: the event would be gone); a tenant repeating " +
+				"its own key stores once.",
+			publishes: "events on acme/idem and globex/idem under the same keys",
+			run:       idempotencyKeysAreScopedToTheTenant,
+		},
+		{
 			name:      "HeadersRoundTripToConsume",
 			proves:    "Option headers reach the worker exactly as published.",
 			hooks:     []string{"ReservedHeaderPrefix"},
@@ -254,6 +263,24 @@ func idempotencyKeyStoresOnce(t *testing.T, h Harness) {
 	c := e.consume(mq.ConsumerConfig{}, e.ackEach)
 	assert.Equal(t, []string{"one", "two", "fence"}, datas(next(t, c.deliveries, 3)))
 	none(t, c.deliveries)
+}
+
+func idempotencyKeysAreScopedToTheTenant(t *testing.T, h Harness) {
+	e := setup(t, h)
+	for _, tenant := range []mq.TenantID{Acme, Globex} {
+		tp := topic(tenant, "idem", "")
+		e.publish(tp, string(tenant)+" one", mq.WithIdempotencyKey("shared"))
+		e.publishBatch(mq.Batch{Tenant: tenant, Events: []mq.BatchEvent{{
+			Table: "idem", Data: []byte(string(tenant) + " batched"), Options: []mq.PublishOpt{mq.WithIdempotencyKey("batched")},
+		}}})
+	}
+	e.publish(topic(Acme, "idem", ""), "acme one again", mq.WithIdempotencyKey("shared"))
+	for _, tenant := range []mq.TenantID{Acme, Globex} {
+		tp := topic(tenant, "idem", "")
+		e.publish(tp, "fence")
+		assert.Equal(t, []string{string(tenant) + " one", string(tenant) + " batched", "fence"}, e.replayThrough(tp, time.Time{}, "fence"),
+			"%s's events under keys another tenant used too", tenant)
+	}
 }
 
 // publishedHeaders are option headers: exact-case keys, one repeated.

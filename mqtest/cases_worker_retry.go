@@ -217,7 +217,7 @@ func aNakHoldsItsTenantAndNeverParks(t *testing.T, h Harness) {
 	got := callsOf(Acme, nextUntil(t, done, "acme's event after the nak'ed one", func(got []delivery) bool {
 		return slices.Contains(datas(got), "after")
 	}))
-	assert.Equal(t, []string{"naked", "naked", "naked", "naked", "after"}, datas(got),
+	require.Equal(t, []string{"naked", "naked", "naked", "naked", "after"}, datas(got),
 		"the nak'ed event again and again past MaxDeliveries, then the tenant's next")
 	assert.Equal(t, upTo(naks+1), attempts(got[:naks+1]), "the nak'ed event's attempts")
 	assertOneAtATime(t, got, "acme")
