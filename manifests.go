@@ -60,6 +60,16 @@ func ManifestsCommand(topo NATSTopology) string {
 	if topo.Prefix != defaultPrefix {
 		cmd += " -prefix " + topo.Prefix
 	}
+	def := NATSTopology{Prefix: topo.Prefix}.WithDefaults()
+	for _, f := range []struct{ flag, got, def string }{
+		{"history", topo.HistoryStream, def.HistoryStream},
+		{"ingest-consumer", topo.IngestConsumer, def.IngestConsumer},
+		{"ingest-group", topo.IngestGroup, def.IngestGroup},
+	} {
+		if f.got != f.def {
+			cmd += " -" + f.flag + " " + f.got
+		}
+	}
 	return cmd
 }
 

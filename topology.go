@@ -80,6 +80,7 @@ const (
 	defaultMaxAckPending     = 10_000
 	defaultPrefetch          = 500
 	defaultReplicas          = 3
+	maxReplicas              = 5 // JetStream refuses a stream of more
 	gib                      = int64(1) << 30
 	defaultPartitionMaxBytes = 50 * gib
 	defaultMaxMsgsPerSubject = 1_000_000
@@ -174,6 +175,8 @@ func (t NATSTopology) check() error {
 		return fmt.Errorf("nats topology: durations must not be negative")
 	case t.MaxAckPending < 0, t.Prefetch < 0, t.Replicas < 0:
 		return fmt.Errorf("nats topology: counts must not be negative")
+	case t.Replicas > maxReplicas:
+		return fmt.Errorf("nats topology: replicas %d is more than JetStream's %d", t.Replicas, maxReplicas)
 	case t.DuplicateWindow < t.minDuplicateWindow():
 		return fmt.Errorf("nats topology: duplicate window %s is shorter than a publish with its retries (%s)",
 			t.DuplicateWindow, t.minDuplicateWindow())

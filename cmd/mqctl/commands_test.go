@@ -22,6 +22,29 @@ func TestManifestsPrintsTheShippedFileForTheShippedFlags(t *testing.T) {
 	if code, _, stderr := runArgs(t, "manifests", "-prefix", "A.B"); code != 2 || !strings.Contains(stderr, "prefix") {
 		t.Fatalf("a bad prefix: exit %d, stderr %s", code, stderr)
 	}
+	// A zero is the library's "default": given on the command line it is refused, not
+	// silently made 4 partitions or 3 replicas; JetStream takes at most 5 replicas.
+	for _, args := range [][]string{{"-partitions", "0"}, {"-replicas", "0"}, {"-replicas", "7"}, {"-partitions", "-1"}} {
+		if code, stdout, stderr := runArgs(t, append([]string{"manifests"}, args...)...); code != 2 || stdout != "" || stderr == "" {
+			t.Errorf("manifests %v: exit %d, stdout %d bytes, stderr %q; want a usage error and nothing printed", args, code, len(stdout), stderr)
+		}
+	}
+}
+
+// TestManifestsCarryTheNamesCheckAndPermissionsTake: an operator with a history, a
+// durable or a group of other names generates manifests holding them, with a header
+// that regenerates the same.
+func TestManifestsCarryTheNamesCheckAndPermissionsTake(t *testing.T) {
+	args := []string{"manifests", "-partitions", "2", "-replicas", "1", "-history", "ARCHIVE", "-ingest-consumer", "AWORKER", "-ingest-group", "grp"}
+	code, stdout, stderr := runArgs(t, args...)
+	if code != 0 {
+		t.Fatalf("manifests: exit %d, stderr %s", code, stderr)
+	}
+	for _, want := range []string{"name: ARCHIVE", "durableName: AWORKER", "- grp", "go run ./cmd/mqctl " + strings.Join(args, " ")} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("manifests: no %q in\n%s", want, stdout)
+		}
+	}
 }
 
 func TestPermissionsPrintsTheApplicationUsersBlock(t *testing.T) {

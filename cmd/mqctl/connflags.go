@@ -41,12 +41,22 @@ func addNATSFlags(fs *flag.FlagSet) *natsFlags {
 	return f
 }
 
-// config returns the NATSConfig the flags give, or, when -url is missing, says so
-// with fs's usage and returns ok false (a usage error). The broker's own logs are
+// config returns the NATSConfig the flags give, or, when -url is missing or a value
+// given cannot work (a zero the library would take as "the default"), says so with
+// fs's usage and returns ok false (a usage error). The broker's own logs are
 // discarded: a command prints what it found itself.
 func (f *natsFlags) config(fs *flag.FlagSet) (cfg mq.NATSConfig, ok bool) {
-	if f.urls == "" {
-		fmt.Fprintf(fs.Output(), "%s: -url is required\n", fs.Name())
+	var problem string
+	switch {
+	case f.urls == "":
+		problem = "-url is required"
+	case f.cfg.Partitions < 1:
+		problem = fmt.Sprintf("-partitions %d: must be at least 1", f.cfg.Partitions)
+	case f.cfg.TopologyWait <= 0:
+		problem = fmt.Sprintf("-wait %s: must be more than 0", f.cfg.TopologyWait)
+	}
+	if problem != "" {
+		fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), problem)
 		fs.Usage()
 		return mq.NATSConfig{}, false
 	}

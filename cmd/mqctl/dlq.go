@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -70,6 +72,14 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.stderr, "mqctl dlq: -tenant is required")
 		return 2
 	}
+	if err := mq.TenantID(f.tenant).Validate(); err != nil {
+		fmt.Fprintf(e.stderr, "mqctl dlq %s: -tenant: %v\n", sub, err)
+		return 2
+	}
+	if msg := f.misplaced(fs, sub); msg != "" {
+		fmt.Fprintf(e.stderr, "mqctl dlq %s: %s\n", sub, msg)
+		return 2
+	}
 	var sel mq.DeadLetterSelector
 	if sub != "ls" {
 		var msg string
@@ -85,23 +95,49 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 	}
 	defer b.Close()
 	tenant := mq.TenantID(f.tenant)
+	var done string // what a redrive or rm did, also when it failed part way
 	switch sub {
 	case "ls":
 		err = f.list(ctx, e, b, tenant)
+		if errors.Is(err, mq.ErrInvalidConfig) { // the library read -limit or -cursor
+			fmt.Fprintf(e.stderr, "mqctl dlq ls: %v\n", err)
+			return 2
+		}
 	case "redrive":
-		var n int
-		n, err = b.Redrive(ctx, tenant, sel)
-		fmt.Fprintf(e.stdout, "redrove %d parked events of %s\n", n, tenant)
+		n, rerr := b.Redrive(ctx, tenant, sel)
+		done, err = fmt.Sprintf("redrove %d parked events of %s", n, tenant), rerr
 	case "rm":
-		var n int
-		n, err = b.DeleteDeadLetters(ctx, tenant, sel)
-		fmt.Fprintf(e.stdout, "removed %d parked events of %s\n", n, tenant)
+		n, rerr := b.DeleteDeadLetters(ctx, tenant, sel)
+		done, err = fmt.Sprintf("removed %d parked events of %s", n, tenant), rerr
 	}
 	if err != nil {
-		fmt.Fprintf(e.stderr, "mqctl dlq %s: %v\n", sub, err)
+		if done != "" {
+			fmt.Fprintf(e.stderr, "mqctl dlq %s: %s, then: %v\n", sub, done, err)
+		} else {
+			fmt.Fprintf(e.stderr, "mqctl dlq %s: %v\n", sub, err)
+		}
 		return 1
 	}
+	if done != "" {
+		fmt.Fprintln(e.stdout, done)
+	}
 	return 0
+}
+
+// misplaced names a flag given that sub does not take, or a -limit ls cannot use.
+func (f *dlqFlags) misplaced(fs *flag.FlagSet, sub string) string {
+	ls, change := []string{"ls"}, []string{"redrive", "rm"}
+	only := map[string][]string{"limit": ls, "cursor": ls, "headers": ls, "id": change, "all": change, "yes": {"rm"}}
+	var msg string
+	fs.Visit(func(fl *flag.Flag) {
+		if subs, ok := only[fl.Name]; ok && msg == "" && !slices.Contains(subs, sub) {
+			msg = fmt.Sprintf("-%s is for %s only", fl.Name, strings.Join(subs, " and "))
+		}
+	})
+	if msg == "" && f.limit < 0 {
+		msg = fmt.Sprintf("-limit %d: must not be negative (0 means 100)", f.limit)
+	}
+	return msg
 }
 
 // selector is what -all, -table and -id pick, or why they cannot be used: exactly one
@@ -128,6 +164,8 @@ func (f *dlqFlags) selector(sub string) (mq.DeadLetterSelector, string) {
 	switch {
 	case given != 1:
 		return sel, "give exactly one of -all, -table and -id"
+	case f.ids != "" && len(sel.IDs) == 0:
+		return sel, fmt.Sprintf("-id %q names no id", f.ids)
 	case sub == "rm" && f.all && !f.yes:
 		return sel, "-all removes every parked event of the tenant for good; add -yes to confirm"
 	}

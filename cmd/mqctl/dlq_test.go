@@ -77,8 +77,11 @@ func TestDLQListsRedrivesAndRemovesATenantsParkedEvents(t *testing.T) {
 	}
 
 	code, stdout, stderr = runArgs(t, "dlq", "rm", "-url", url, "-tenant", "acme", "-id", first[0])
-	if code != 1 || !strings.Contains(stderr, "not found") {
-		t.Fatalf("dlq rm of a redriven id: exit %d, stdout %s, stderr %s", code, stdout, stderr)
+	if code != 1 || !strings.Contains(stderr, "not found") || !strings.Contains(stderr, "removed 0") || stdout != "" {
+		t.Fatalf("dlq rm of a redriven id: exit %d, stdout %q (want nothing: it failed), stderr %s", code, stdout, stderr)
+	}
+	if code, _, stderr := runArgs(t, "dlq", "ls", "-url", url, "-tenant", "acme", "-cursor", "zz"); code != 2 || !strings.Contains(stderr, "cursor") {
+		t.Fatalf("dlq ls with a garbage cursor: exit %d, stderr %s; want a usage error", code, stderr)
 	}
 	if code, _, stderr := runArgs(t, "dlq", "rm", "-url", url, "-tenant", "acme", "-all"); code != 2 || !strings.Contains(stderr, "-yes") {
 		t.Fatalf("dlq rm -all without -yes: exit %d, stderr %s", code, stderr)
@@ -100,6 +103,17 @@ func TestDLQRefusesBadArguments(t *testing.T) {
 		{"dlq", "ls", "-url", "nats://127.0.0.1:1"},
 		{"dlq", "redrive", "-url", "nats://127.0.0.1:1", "-tenant", "a"},
 		{"dlq", "redrive", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-all", "-table", "t"},
+		// Refused before dialing: the port answers nothing, so a dial would be
+		// ErrUnavailable and exit 1.
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "ACME"},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-limit", "-1"},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-all"},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-id", "3"},
+		{"dlq", "redrive", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-all", "-yes"},
+		{"dlq", "redrive", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-all", "-limit", "5"},
+		{"dlq", "rm", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-id", ","},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-partitions", "0"},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-wait", "0s"},
 	} {
 		if code, _, stderr := runArgs(t, args...); code != 2 || stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q; want a usage error", args, code, stderr)

@@ -11,7 +11,7 @@ func init() {
 	register(command{
 		name:    "manifests",
 		summary: "print the NACK Stream and Consumer resources of the NATS topology (deployments/nats/jetstream.yaml)",
-		usage:   "[-partitions n] [-replicas n] [-prefix p]",
+		usage:   "[-partitions n] [-replicas n] [-prefix p] [-history name] [-ingest-consumer name] [-ingest-group name]",
 		run:     runManifests,
 	})
 	register(command{
@@ -29,8 +29,16 @@ func runManifests(_ context.Context, e *env, args []string) int {
 	fs.IntVar(&topo.Partitions, "partitions", 4, "ingest partitions `n`")
 	fs.IntVar(&topo.Replicas, "replicas", 3, "replicas of every stream")
 	fs.StringVar(&topo.Prefix, "prefix", "wh", "subject prefix, one token of [a-z0-9_-]")
+	fs.StringVar(&topo.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
+	fs.StringVar(&topo.IngestConsumer, "ingest-consumer", "", "the ingest durable (default INGEST)")
+	fs.StringVar(&topo.IngestGroup, "ingest-group", "", "the priority group the workers pull the durable in (default ingest)")
 	if code := parse(fs, args); code >= 0 {
 		return code
+	}
+	// Zero is the library's "default": given on the command line it is a mistake.
+	if topo.Partitions < 1 || topo.Replicas < 1 {
+		fmt.Fprintf(e.stderr, "mqctl manifests: -partitions %d and -replicas %d must each be at least 1\n", topo.Partitions, topo.Replicas)
+		return 2
 	}
 	if err := mq.WriteNATSManifests(e.stdout, topo); err != nil {
 		fmt.Fprintf(e.stderr, "mqctl manifests: %v\n", err)
