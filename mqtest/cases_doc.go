@@ -591,12 +591,11 @@ import "slices"
 //     set where it does not. Publishes: parks on acme/orders, acme/orders/eu and
 //     globex/users. Hooks: Restart. Flags: StoresBudgets.
 //
-//   - ARestartKeepsEnforcingTheBudgetOfWhatIsStillQueued: Where budgets are enforced
-//     per tenant and stored, the bytes still queued count against the budget after a
-//     restart exactly as before it: a tenant that was full is still full after the
-//     restart, until its events are consumed, and then takes events again. Publishes:
-//     events on acme/b up to its budget. Hooks: Restart. Flags: PerTenantBudget,
-//     StoresBudgets.
+//   - ARestartKeepsEnforcingTheBudgetOfWhatIsStillQueued: Only with PerTenantBudget and
+//     StoresBudgets: the bytes still queued count against the budget after a restart
+//     exactly as before it: a tenant that was full is still full after the restart,
+//     until its events are consumed, and then takes events again. Publishes: events on
+//     acme/b up to its budget. Hooks: Restart. Flags: PerTenantBudget, StoresBudgets.
 func Cases() []Case {
 	var out []Case
 	for _, c := range cases() {

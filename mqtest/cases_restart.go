@@ -54,7 +54,7 @@ func restartCases() []testCase {
 		},
 		{
 			name: "ARestartKeepsEnforcingTheBudgetOfWhatIsStillQueued",
-			proves: "Where budgets are enforced per tenant and stored, the bytes still queued " +
+			proves: "Only with PerTenantBudget and StoresBudgets: the bytes still queued " +
 				"count against the budget after a restart exactly as before it: a tenant that " +
 				"was full is still full after the restart, until its events are consumed, and " +
 				"then takes events again.",
@@ -69,7 +69,7 @@ func restartCases() []testCase {
 
 func needRestart(h Harness) string {
 	if h.Restart == nil {
-		return "Harness.Restart is nil"
+		return "Harness.Restart is nil, so the claim Caps.StoresBudgets makes goes unchecked"
 	}
 	return ""
 }
