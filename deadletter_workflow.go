@@ -3,6 +3,7 @@ package mq
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -273,7 +274,7 @@ func (c *natsCore) deleteParked(ctx context.Context, seq uint64) (bool, error) {
 	}
 	if answer.Error.ErrorCode != jsErrNoMessageFound {
 		if p, err := c.getParked(ctx, seq, ""); err != nil || p != nil {
-			return false, fmt.Errorf("delete dead letter %d on %s: %w", seq, c.deadLetters, answer.Error)
+			return false, errors.Join(fmt.Errorf("delete dead letter %d on %s: %w", seq, c.deadLetters, answer.Error), err)
 		}
 	}
 	return false, nil
@@ -326,7 +327,7 @@ func (c *natsCore) redrive(ctx context.Context, tenant TenantID, sel DeadLetterS
 		}
 		removed, err := c.deleteParked(ctx, p.seq)
 		if err != nil {
-			return fmt.Errorf("redrive %d: stored again, still parked: %w", p.seq, err)
+			return fmt.Errorf("redrive %d: stored again, but its park may not be removed: %w", p.seq, err)
 		}
 		if removed { // else a redrive beside this one took it, and counts it
 			n++

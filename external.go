@@ -80,8 +80,9 @@ var (
 // NewNATS connects to the cluster and waits, up to TopologyWait, until the topology
 // verifies. A required finding left at the end is a *TopologyError listing every
 // finding; a cluster never reached is ErrUnavailable. A configuration that cannot work,
-// credentials files included, and credentials the server refuses are ErrInvalidConfig,
-// at once. Recommended findings are logged.
+// credentials files included, is ErrInvalidConfig at once, and so are credentials a
+// server refuses, wrapping nats.ErrAuthorization (a server refuses them too when its
+// auth callout or account resolver did not answer). Recommended findings are logged.
 func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
 	if err := cfg.validate(); err != nil {
@@ -113,7 +114,8 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 		nc.Close()
 		return nil, fmt.Errorf("nats: jetstream: %w", err)
 	}
-	recommended, err := AwaitNATSTopology(bctx, e.js, e.topo, time.Until(deadline))
+	// At least one check, should the connection have come up at the deadline.
+	recommended, err := AwaitNATSTopology(bctx, e.js, e.topo, max(time.Until(deadline), awaitFirstBackoff))
 	if err == nil {
 		err = e.resolveStreams(bctx)
 	}
@@ -397,10 +399,10 @@ func ConnectNATS(ctx context.Context, cfg NATSConfig) (*nats.Conn, error) {
 }
 
 // dial connects with opts and waits until connected, or until deadline: a cluster not
-// reached by then is ErrUnavailable. It returns at once with ErrInvalidConfig when
-// nats.go refuses opts (a URL that does not parse, a CA file that is not PEM) or gives
-// up on credentials the server refused twice (closed, a signal options' ClosedHandler
-// sends): retrying either cannot help.
+// reached by then is ErrUnavailable (joined with ctx's error when ctx ended first). It
+// returns at once with ErrInvalidConfig when nats.go refuses opts (a URL that does not
+// parse, a CA file that is not PEM) or gives up on credentials a server refused twice
+// (closed, a signal the options' ClosedHandler sends).
 func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, closed <-chan struct{}, deadline time.Time) (*nats.Conn, error) {
 	// With RetryOnFailedConnect, Connect fails only on its options: an unreachable
 	// server is retried in the background.
@@ -417,27 +419,21 @@ func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, closed <-chan
 		case <-tick.C:
 			continue
 		case <-closed:
-			if lastErr := nc.LastError(); refusedCredentials(lastErr) {
+			// nats.go gives up after the same refusal twice from one server, and
+			// the connection is over whatever the other servers would say. The
+			// server says "Authorization Violation" for wrong credentials, and also
+			// when an auth callout or an account resolver did not answer: the error
+			// wraps nats.ErrAuthorization, for a host that tells them apart.
+			if lastErr := nc.LastError(); errors.Is(lastErr, nats.ErrAuthorization) {
 				return nil, fmt.Errorf("%w: nats config: %s refused the credentials: %w", ErrInvalidConfig, redactURLs(cfg.URLs), lastErr)
 			}
 		case <-wctx.Done():
 		}
 		lastErr := nc.LastError()
 		nc.Close()
-		return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr)
+		return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr, ctx.Err())
 	}
 	return nc, nil
-}
-
-// refusedCredentials reports whether err is the server refusing the connection's
-// credentials.
-func refusedCredentials(err error) bool {
-	for _, refused := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired} {
-		if errors.Is(err, refused) {
-			return true
-		}
-	}
-	return false
 }
 
 // DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].

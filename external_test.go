@@ -535,3 +535,16 @@ func TestConnectNATS_AnUnreachableServerIsUnavailableAndBadConfigIsRefused(t *te
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "secret")
 }
+
+// TestNewNATS_ACallersCtxThatEndsFirstShowsInTheError: a host that bounds NewNATS by
+// a ctx shorter than TopologyWait sees its ctx's error in the ErrUnavailable.
+func TestNewNATS_ACallersCtxThatEndsFirstShowsInTheError(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 700*time.Millisecond)
+	defer cancel()
+	_, err := NewNATS(ctx, NATSConfig{URLs: []string{"nats://127.0.0.1:1"}, TopologyWait: time.Minute, Logger: quietLog})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	_, err = ConnectNATS(ctx, NATSConfig{URLs: []string{"nats://127.0.0.1:1"}, TopologyWait: time.Minute, Logger: quietLog})
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "ConnectNATS, as NewNATS")
+}

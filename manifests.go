@@ -70,6 +70,9 @@ func ManifestsCommand(topo NATSTopology) string {
 			cmd += " -" + f.flag + " " + f.got
 		}
 	}
+	if topo.HistoryMaxAge != def.HistoryMaxAge {
+		cmd += " -history-max-age " + topo.HistoryMaxAge.String()
+	}
 	return cmd
 }
 

@@ -127,6 +127,9 @@ func (e *env) mailbox() (put func(delivery), out <-chan delivery) {
 		}
 	}()
 	return func(d delivery) {
+		if !e.live() {
+			return // nothing reads it any more
+		}
 		mu.Lock()
 		queue = append(queue, d)
 		mu.Unlock()

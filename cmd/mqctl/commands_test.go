@@ -35,12 +35,13 @@ func TestManifestsPrintsTheShippedFileForTheShippedFlags(t *testing.T) {
 // durable or a group of other names generates manifests holding them, with a header
 // that regenerates the same.
 func TestManifestsCarryTheNamesCheckAndPermissionsTake(t *testing.T) {
-	args := []string{"manifests", "-partitions", "2", "-replicas", "1", "-history", "ARCHIVE", "-ingest-consumer", "AWORKER", "-ingest-group", "grp"}
+	args := []string{"manifests", "-partitions", "2", "-replicas", "1", "-history", "ARCHIVE", "-ingest-consumer", "AWORKER", "-ingest-group", "grp",
+		"-history-max-age", "1h0m0s"}
 	code, stdout, stderr := runArgs(t, args...)
 	if code != 0 {
 		t.Fatalf("manifests: exit %d, stderr %s", code, stderr)
 	}
-	for _, want := range []string{"name: ARCHIVE", "durableName: AWORKER", "- grp", "go run ./cmd/mqctl " + strings.Join(args, " ")} {
+	for _, want := range []string{"name: ARCHIVE", "durableName: AWORKER", "- grp", "maxAge: 1h", "go run ./cmd/mqctl " + strings.Join(args, " ")} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("manifests: no %q in\n%s", want, stdout)
 		}
@@ -62,6 +63,11 @@ func TestCheckPrintsEveryFindingAndFailsOnARequiredOne(t *testing.T) {
 	code, stdout, stderr := runArgs(t, "check", "-url", e.ClientURL())
 	if code != 0 || !strings.Contains(stdout, "4 findings, 0 required") || !strings.Contains(stdout, "num_replicas") {
 		t.Fatalf("check: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	// The embedded history keeps 15 minutes: an application replaying an hour is told.
+	code, stdout, _ = runArgs(t, "check", "-url", e.ClientURL(), "-history-max-age", "1h")
+	if code != 0 || !strings.Contains(stdout, "recommended: stream WH_HISTORY: max_age") {
+		t.Fatalf("check -history-max-age 1h: exit %d\nstdout:\n%s", code, stdout)
 	}
 	code, stdout, _ = runArgs(t, "check", "-url", e.ClientURL(), "-partitions", "6")
 	if code != 1 || !strings.Contains(stdout, "required: ingest partition 5: subjects") {

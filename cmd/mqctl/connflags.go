@@ -37,6 +37,8 @@ func addNATSFlags(fs *flag.FlagSet) *natsFlags {
 	fs.StringVar(&cfg.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
 	fs.StringVar(&cfg.IngestConsumer, "ingest-consumer", "", "the ingest durable (default INGEST)")
 	fs.StringVar(&cfg.IngestGroup, "ingest-group", "", "the priority group the workers pull the durable in (default ingest)")
+	fs.DurationVar(&cfg.HistoryMaxAge, "history-max-age", mq.NATSTopology{}.WithDefaults().HistoryMaxAge,
+		"the longest gap the application replays from the history: a shorter history max_age is reported")
 	fs.DurationVar(&cfg.TopologyWait, "wait", 10*time.Second, "how long to wait for the connection")
 	return f
 }
@@ -54,6 +56,8 @@ func (f *natsFlags) config(fs *flag.FlagSet) (cfg mq.NATSConfig, ok bool) {
 		problem = fmt.Sprintf("-partitions %d: must be at least 1", f.cfg.Partitions)
 	case f.cfg.TopologyWait <= 0:
 		problem = fmt.Sprintf("-wait %s: must be more than 0", f.cfg.TopologyWait)
+	case f.cfg.HistoryMaxAge <= 0:
+		problem = fmt.Sprintf("-history-max-age %s: must be more than 0", f.cfg.HistoryMaxAge)
 	}
 	if problem != "" {
 		fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), problem)

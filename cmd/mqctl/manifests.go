@@ -11,7 +11,7 @@ func init() {
 	register(command{
 		name:    "manifests",
 		summary: "print the NACK Stream and Consumer resources of the NATS topology (deployments/nats/jetstream.yaml)",
-		usage:   "[-partitions n] [-replicas n] [-prefix p] [-history name] [-ingest-consumer name] [-ingest-group name]",
+		usage:   "[-partitions n] [-replicas n] [-prefix p] [-history name] [-history-max-age d] [-ingest-consumer name] [-ingest-group name]",
 		run:     runManifests,
 	})
 	register(command{
@@ -32,12 +32,15 @@ func runManifests(_ context.Context, e *env, args []string) int {
 	fs.StringVar(&topo.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
 	fs.StringVar(&topo.IngestConsumer, "ingest-consumer", "", "the ingest durable (default INGEST)")
 	fs.StringVar(&topo.IngestGroup, "ingest-group", "", "the priority group the workers pull the durable in (default ingest)")
+	fs.DurationVar(&topo.HistoryMaxAge, "history-max-age", mq.NATSTopology{}.WithDefaults().HistoryMaxAge,
+		"how long the history keeps events: at least the longest gap the application replays")
 	if code := parse(fs, args); code >= 0 {
 		return code
 	}
 	// Zero is the library's "default": given on the command line it is a mistake.
-	if topo.Partitions < 1 || topo.Replicas < 1 {
-		fmt.Fprintf(e.stderr, "mqctl manifests: -partitions %d and -replicas %d must each be at least 1\n", topo.Partitions, topo.Replicas)
+	if topo.Partitions < 1 || topo.Replicas < 1 || topo.HistoryMaxAge <= 0 {
+		fmt.Fprintf(e.stderr, "mqctl manifests: -partitions %d and -replicas %d must each be at least 1, -history-max-age %s more than 0\n",
+			topo.Partitions, topo.Replicas, topo.HistoryMaxAge)
 		return 2
 	}
 	if err := mq.WriteNATSManifests(e.stdout, topo); err != nil {
