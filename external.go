@@ -85,7 +85,7 @@ var (
 // auth callout or account resolver did not answer). Recommended findings are logged.
 func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	e := &ExternalNATS{
@@ -386,7 +386,7 @@ func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
 // the caller closes the connection.
 func ConnectNATS(ctx context.Context, cfg NATSConfig) (*nats.Conn, error) {
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	probe := &ExternalNATS{log: cmp.Or(cfg.Logger, slog.Default()), closedCh: make(chan struct{})}

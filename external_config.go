@@ -73,9 +73,11 @@ func (t NATSTLS) enabled() bool {
 	return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.HandshakeFirst
 }
 
-// validate refuses a configuration that cannot work, before any dial, with
-// ErrInvalidConfig.
-func (c NATSConfig) validate() error {
+// Validate reports, wrapping ErrInvalidConfig, why c cannot work, without dialing or
+// reading a secret: its topology, its URLs, its credentials' combination, and that its
+// secret and TLS files exist. NewNATS, ConnectNATS and CheckNATS call it first, and
+// then read the files.
+func (c NATSConfig) Validate() error {
 	if err := c.NATSTopology.Validate(); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -257,8 +258,14 @@ func TestNewNATS_RefusesConflictingOptionsBeforeDialing(t *testing.T) {
 		"a creds file that is garbage": {URLs: url, CredsFile: file},
 		"a seed file that is garbage":  {URLs: url, NKeySeedFile: file},
 	}
+	// Validate refuses them too, but for those only reading a file or dialing shows.
+	shownLater := []string{"a URL that does not parse", "a port that is not a number", "a CA file that is not PEM",
+		"a creds file that is a dir", "a creds file that is garbage", "a seed file that is garbage"}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {
+			if !slices.Contains(shownLater, name) {
+				assert.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, "Validate")
+			}
 			start := time.Now()
 			_, err := NewNATS(t.Context(), cfg)
 			require.ErrorIs(t, err, ErrInvalidConfig)

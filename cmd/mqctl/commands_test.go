@@ -76,7 +76,7 @@ func TestCheckPrintsEveryFindingAndFailsOnARequiredOne(t *testing.T) {
 	if code, _, stderr := runArgs(t, "check"); code != 2 || !strings.Contains(stderr, "-url is required") {
 		t.Fatalf("check without -url: exit %d, stderr %s", code, stderr)
 	}
-	if code, _, stderr := runArgs(t, "check", "-url", "nats://u:secret@127.0.0.1:1"); code != 1 || strings.Contains(stderr, "secret") {
+	if code, _, stderr := runArgs(t, "check", "-url", "nats://u:secret@127.0.0.1:1"); code != 2 || strings.Contains(stderr, "secret") {
 		t.Fatalf("inline credentials: exit %d, stderr %s", code, stderr)
 	}
 }

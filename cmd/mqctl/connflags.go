@@ -68,5 +68,9 @@ func (f *natsFlags) config(fs *flag.FlagSet) (cfg mq.NATSConfig, ok bool) {
 	cfg.URLs = strings.Split(f.urls, ",")
 	cfg.Name = "mqctl"
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), err)
+		return mq.NATSConfig{}, false
+	}
 	return cfg, true
 }
