@@ -42,7 +42,8 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 		return fmt.Errorf("dead letter: %w", err)
 	}
 	span.SetAttributes(semconv.MessagingMessageID(eventID(TenantID(tenant), ev.header.Get(HeaderIdempotencyKey))))
-	if _, err = c.send(ctx, ev); err == nil {
+	ack, err := c.send(ctx, ev)
+	if err == nil && !ack.Duplicate { // a retried park the server dropped parked nothing
 		c.metrics.park(msg.Topic())
 	}
 	return err

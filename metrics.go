@@ -2,6 +2,7 @@ package mq
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -221,7 +222,9 @@ func dropError(attrs []attribute.KeyValue) []attribute.KeyValue {
 // this package could not have written counts as "_OTHER", so a foreign subject never
 // becomes an attribute.
 func (m *instruments) park(topic Topic) {
-	table := topic.Table
+	// A table may be any bytes; an attribute that is not UTF-8 makes an OTLP exporter
+	// refuse the whole request it is in, every other metric with it.
+	table := strings.ToValidUTF8(topic.Table, "\uFFFD")
 	if topic.Tenant == "" {
 		table = semconv.ErrorTypeOther.Value.AsString()
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -320,5 +321,34 @@ func TestMetrics_ExternalNATSCountsWhatItSendsAndConsumesAndTheWorkerViewOfEachP
 	require.Len(t, p[metricHeldForHistory], e.topo.Partitions)
 	for _, pt := range p[metricHeldForHistory] {
 		assert.True(t, pt.attrs.HasValue(AttrPartition) && pt.attrs.HasValue(AttrStream), "held gauges name the partition and stream")
+	}
+}
+
+// TestMetrics_AParkRetriedUnderItsKeyCountsOnceAndABinaryTableIsValidUTF8: a host
+// retrying a DeadLetter whose answer it lost (same idempotency key) parks once and
+// the parked counter says once; a table that is not UTF-8 is counted under a valid
+// attribute, which an OTLP exporter can send.
+func TestMetrics_AParkRetriedUnderItsKeyCountsOnceAndABinaryTableIsValidUTF8(t *testing.T) {
+	t.Parallel()
+	m := openMetered(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, m.SetMaxBytes(ctx, "acme", 1<<20))
+	const table = "\xff\xfe-bin"
+	key, err := Topic{Tenant: "acme", Table: table}.Key()
+	require.NoError(t, err)
+	msg := &Message{Data: []byte("poison"), key: key}
+	for range 3 {
+		require.NoError(t, m.DeadLetter(ctx, msg, WithIdempotencyKey("park-1")))
+	}
+	counts, err := m.DeadLetterCounts(ctx, "acme", "")
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), counts.Total, "parked once")
+
+	parked := collectPoints(t, m.reader)[metricParked]
+	assert.Equal(t, 1.0, total(parked), "the parked counter counts the park, not its retries")
+	for _, pt := range parked {
+		for _, kv := range pt.attrs.ToSlice() {
+			assert.True(t, utf8.ValidString(kv.Value.Emit()), "%s is not UTF-8: %q", kv.Key, kv.Value.Emit())
+		}
 	}
 }
