@@ -348,7 +348,7 @@ func TestMetrics_AParkRetriedUnderItsKeyCountsOnceAndABinaryTableIsValidUTF8(t *
 	assert.Equal(t, 1.0, total(parked), "the parked counter counts the park, not its retries")
 	for _, pt := range parked {
 		for _, kv := range pt.attrs.ToSlice() {
-			assert.True(t, utf8.ValidString(kv.Value.Emit()), "%s is not UTF-8: %q", kv.Key, kv.Value.Emit())
+			assert.True(t, utf8.ValidString(kv.Value.String()), "%s is not UTF-8: %q", kv.Key, kv.Value.String())
 		}
 	}
 }
