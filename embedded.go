@@ -120,6 +120,9 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 	if err := topo.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	if opts.ReadyTimeout < 0 {
+		return nil, fmt.Errorf("%w: embedded nats: negative ReadyTimeout %s", ErrInvalidConfig, opts.ReadyTimeout)
+	}
 	log := cmp.Or(opts.Logger, slog.Default())
 	e := &EmbeddedNATS{
 		topo: topo, subs: topo.subjects(), log: log,
@@ -172,11 +175,11 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	if opts.ListenAddr != "" {
 		host, port, err := net.SplitHostPort(opts.ListenAddr)
 		if err != nil {
-			return fmt.Errorf("embedded nats: listen address %q: %w", opts.ListenAddr, err)
+			return fmt.Errorf("%w: embedded nats: listen address %q: %w", ErrInvalidConfig, opts.ListenAddr, err)
 		}
 		sopts.Host = host
 		if sopts.Port, err = strconv.Atoi(port); err != nil {
-			return fmt.Errorf("embedded nats: listen address %q: port: %w", opts.ListenAddr, err)
+			return fmt.Errorf("%w: embedded nats: listen address %q: port: %w", ErrInvalidConfig, opts.ListenAddr, err)
 		}
 		if sopts.Port == 0 {
 			sopts.Port = server.RANDOM_PORT

@@ -333,7 +333,7 @@ func TestEmbeddedNATS_ListensOnlyWhenAsked(t *testing.T) {
 	e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.ListenAddr = "127.0.0.1:0" })
 	assert.Contains(t, e.ClientURL(), "nats://127.0.0.1:")
 	_, err := NewEmbedded(t.Context(), EmbeddedOptions{ListenAddr: "nonsense", Logger: quietLog})
-	require.Error(t, err)
+	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 
 func TestNewEmbedded_RefusesAStoreItCannotCreate(t *testing.T) {
@@ -344,6 +344,24 @@ func TestNewEmbedded_RefusesAStoreItCannotCreate(t *testing.T) {
 	assert.Contains(t, err.Error(), "store")
 	_, err = NewEmbedded(t.Context(), EmbeddedOptions{Topology: NATSTopology{Prefix: "A.B"}, Logger: quietLog})
 	require.ErrorContains(t, err, "prefix")
+}
+
+// TestNewEmbedded_OptionsThatCannotWorkAreInvalidConfig: a bad listen address or
+// port, a negative ReadyTimeout and a topology that cannot work wrap ErrInvalidConfig,
+// so a host tells them from a store it cannot open.
+func TestNewEmbedded_OptionsThatCannotWorkAreInvalidConfig(t *testing.T) {
+	t.Parallel()
+	for name, opts := range map[string]EmbeddedOptions{
+		"a listen address without a port": {ListenAddr: "nonsense"},
+		"a port that is not a number":     {ListenAddr: "127.0.0.1:port"},
+		"a negative ReadyTimeout":         {ReadyTimeout: -time.Second},
+		"a bad prefix":                    {Topology: NATSTopology{Prefix: "A.B"}},
+		"negative partitions":             {Topology: NATSTopology{Partitions: -1}},
+	} {
+		opts.Logger = quietLog
+		_, err := NewEmbedded(t.Context(), opts)
+		assert.ErrorIs(t, err, ErrInvalidConfig, name)
+	}
 }
 
 func TestEmbeddedNATS_CloseLeavesNothingRunning(t *testing.T) {
