@@ -26,8 +26,8 @@ type StatusReader interface {
 // StatusOptions tunes Status.
 type StatusOptions struct {
 	// ListenWorkers is how long Status listens for the workers' heartbeats; 0 means
-	// 1s, one beat of the default MemberTimeout. Workers that beat less often may be
-	// missed.
+	// 1s, one beat of the default MemberTimeout, and a negative one is ErrInvalidConfig.
+	// Workers that beat less often may be missed.
 	ListenWorkers time.Duration
 }
 
@@ -106,6 +106,9 @@ func (c *natsCore) status(ctx context.Context, opts StatusOptions) (TopologyStat
 	}
 	if err := c.checkOpen(); err != nil {
 		return TopologyStatus{}, err
+	}
+	if opts.ListenWorkers < 0 {
+		return TopologyStatus{}, fmt.Errorf("%w: status: negative ListenWorkers %s", ErrInvalidConfig, opts.ListenWorkers)
 	}
 	stopListen, err := c.listenWorkers()
 	if err != nil {

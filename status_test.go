@@ -42,3 +42,15 @@ func TestExternalNATS_StatusAsTheApplicationUserReportsTheConsumerListItMayNotRe
 	require.NoError(t, err)
 	assert.ErrorIs(t, again.ConsumersErr, nats.ErrPermissionViolation)
 }
+
+// TestStatus_ANegativeListenWorkersIsInvalidConfig: a negative listen window is refused
+// as a negative duration is everywhere, not taken as "do not listen", on both brokers.
+func TestStatus_ANegativeListenWorkersIsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "")
+	_, err := e.Status(t.Context(), StatusOptions{ListenWorkers: -time.Second})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	x := newExternalFixture(t).broker(t)
+	_, err = x.Status(t.Context(), StatusOptions{ListenWorkers: -time.Second})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+}
