@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gofrs/flock"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,7 +25,10 @@ import (
 // temporary directory with no network listener.
 type EmbeddedOptions struct {
 	// StoreDir holds the JetStream store. Empty means a new temporary directory that
-	// Close removes; a named directory is kept and can be opened again.
+	// Close removes; a named directory is kept and can be opened again. One broker
+	// serves a store at a time: it holds a lock on StoreDir/mq.lock until Close or
+	// its process ends, and a second NewEmbedded on the store waits ReadyTimeout for
+	// it, then returns ErrUnavailable.
 	StoreDir string
 	// ListenAddr, when set (e.g. "127.0.0.1:0"), also serves NATS clients on that TCP
 	// address; see ClientURL. Empty means in-process connections only.
@@ -83,6 +87,7 @@ type EmbeddedNATS struct {
 	budgetWatchDone chan struct{}
 	metrics         metric.Registration
 	tempDir         string
+	storeLock       *flock.Flock // held while this broker serves a StoreDir
 	listening       bool
 }
 
@@ -144,6 +149,13 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 	// only time out, so make it first.
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded nats: store %s: %w", dir, err)
+	}
+	if e.tempDir == "" { // a temporary store is this broker's alone
+		lock, err := lockStore(ctx, dir, cmp.Or(opts.ReadyTimeout, defaultReadyTimeout))
+		if err != nil {
+			return nil, err
+		}
+		e.storeLock = lock
 	}
 	if err := e.start(opts, dir); err != nil {
 		e.shutdown()
@@ -506,6 +518,9 @@ func (e *EmbeddedNATS) shutdown() {
 	}
 	if e.tempDir != "" {
 		_ = os.RemoveAll(e.tempDir)
+	}
+	if e.storeLock != nil {
+		_ = e.storeLock.Close() // unlocks: the next broker may serve the store
 	}
 }
 

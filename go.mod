@@ -3,6 +3,7 @@ module github.com/wavehouse/mq
 go 1.26.0
 
 require (
+	github.com/gofrs/flock v0.13.2
 	github.com/nats-io/jwt/v2 v2.8.3
 	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/nats-io/nats.go v1.55.0
