@@ -31,7 +31,9 @@ type EmbeddedOptions struct {
 	// it, then returns ErrUnavailable.
 	StoreDir string
 	// ListenAddr, when set (e.g. "127.0.0.1:0"), also serves NATS clients on that TCP
-	// address; see ClientURL. Empty means in-process connections only.
+	// address; see ClientURL. Empty means in-process connections only. The listener
+	// has no authentication, so keep it on loopback; any other address is logged as a
+	// warning.
 	ListenAddr string
 	// Topology names and sizes the streams. Zero fields take NATSTopology's defaults;
 	// replicas are always 1.
@@ -174,6 +176,13 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 	return e, nil
 }
 
+// beyondLoopback reports whether a listener on host may be reached from another
+// machine: an empty host or an unspecified address means every interface.
+func beyondLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host != "localhost" && (ip == nil || !ip.IsLoopback())
+}
+
 func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	sopts := &server.Options{
 		ServerName:        "mq-embedded-" + nuid.Next(),
@@ -195,6 +204,10 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 		}
 		if sopts.Port == 0 {
 			sopts.Port = server.RANDOM_PORT
+		}
+		if beyondLoopback(host) {
+			e.log.Warn("mq: the embedded server listens beyond loopback without authentication: whoever reaches it may read, change and delete every stream",
+				"address", opts.ListenAddr)
 		}
 	}
 	e.listening = !sopts.DontListen

@@ -336,6 +336,23 @@ func TestEmbeddedNATS_ListensOnlyWhenAsked(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 
+// TestEmbeddedNATS_AListenerBeyondLoopbackIsWarnedOf: the listener has no
+// authentication, so an address another machine may reach is logged as a warning, and
+// a loopback one is not.
+func TestEmbeddedNATS_AListenerBeyondLoopbackIsWarnedOf(t *testing.T) {
+	for host, beyond := range map[string]bool{
+		"127.0.0.1": false, "::1": false, "localhost": false, "127.0.0.53": false,
+		"": true, "0.0.0.0": true, "::": true, "10.1.2.3": true, "nats.example": true,
+	} {
+		assert.Equal(t, beyond, beyondLoopback(host), "%q", host)
+	}
+	var logs syncBuffer
+	openEmbedded(t, "", func(o *EmbeddedOptions) {
+		o.ListenAddr, o.Logger = "127.0.0.1:0", slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	assert.NotContains(t, logs.String(), "without authentication", "a loopback listener")
+}
+
 func TestNewEmbedded_RefusesAStoreItCannotCreate(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "file")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
