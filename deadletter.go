@@ -42,8 +42,10 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 		return fmt.Errorf("dead letter: %w", err)
 	}
 	span.SetAttributes(semconv.MessagingMessageID(eventID(TenantID(tenant), ev.header.Get(HeaderIdempotencyKey))))
-	ack, err := c.send(ctx, ev)
-	if err == nil && !ack.Duplicate { // a retried park the server dropped parked nothing
+	ack, unanswered, err := c.sendRetrying(ctx, ev)
+	// A Duplicate is a park an earlier call stored (a host's retry after a success), or
+	// this call's own first attempt, whose answer was lost.
+	if err == nil && (!ack.Duplicate || unanswered) {
 		c.metrics.park(msg.Topic())
 	}
 	return err

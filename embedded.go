@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"time"
@@ -41,7 +42,8 @@ type EmbeddedOptions struct {
 	// NoSync skips the fsync after every write: faster, and a power loss (not a
 	// process crash) can lose the last acknowledged writes.
 	NoSync bool
-	// ReadyTimeout bounds the server's start. Default 10s.
+	// ReadyTimeout bounds the server's start, and the wait for a store another broker
+	// still holds. Default 10s.
 	ReadyTimeout time.Duration
 	// Logger receives the broker's and the server's logs (attribute component=nats).
 	// Default slog.Default().
@@ -130,6 +132,11 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 	if opts.ReadyTimeout < 0 {
 		return nil, fmt.Errorf("%w: embedded nats: negative ReadyTimeout %s", ErrInvalidConfig, opts.ReadyTimeout)
 	}
+	if opts.ListenAddr != "" {
+		if _, _, err := parseListenAddr(opts.ListenAddr); err != nil {
+			return nil, err
+		}
+	}
 	log := cmp.Or(opts.Logger, slog.Default())
 	e := &EmbeddedNATS{
 		topo: topo, subs: topo.subjects(), log: log,
@@ -176,11 +183,24 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 	return e, nil
 }
 
+// parseListenAddr splits a ListenAddr into its host and port, refusing one that cannot
+// work with ErrInvalidConfig.
+func parseListenAddr(addr string) (host string, port int, err error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: embedded nats: listen address %q: %w", ErrInvalidConfig, addr, err)
+	}
+	if port, err = strconv.Atoi(p); err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("%w: embedded nats: listen address %q: port %q is not 0 to 65535", ErrInvalidConfig, addr, p)
+	}
+	return host, port, nil
+}
+
 // beyondLoopback reports whether a listener on host may be reached from another
 // machine: an empty host or an unspecified address means every interface.
 func beyondLoopback(host string) bool {
-	ip := net.ParseIP(host)
-	return host != "localhost" && (ip == nil || !ip.IsLoopback())
+	ip, err := netip.ParseAddr(host) // unlike net.ParseIP, takes a zone ("::1%lo")
+	return host != "localhost" && (err != nil || !ip.IsLoopback())
 }
 
 func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
@@ -194,14 +214,11 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 		DontListen:        opts.ListenAddr == "",
 	}
 	if opts.ListenAddr != "" {
-		host, port, err := net.SplitHostPort(opts.ListenAddr)
+		host, port, err := parseListenAddr(opts.ListenAddr)
 		if err != nil {
-			return fmt.Errorf("%w: embedded nats: listen address %q: %w", ErrInvalidConfig, opts.ListenAddr, err)
+			return err
 		}
-		sopts.Host = host
-		if sopts.Port, err = strconv.Atoi(port); err != nil {
-			return fmt.Errorf("%w: embedded nats: listen address %q: port: %w", ErrInvalidConfig, opts.ListenAddr, err)
-		}
+		sopts.Host, sopts.Port = host, port
 		if sopts.Port == 0 {
 			sopts.Port = server.RANDOM_PORT
 		}

@@ -3,6 +3,7 @@
 package mq
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -47,4 +48,20 @@ func TestNewEmbedded_AStoreServedByAnotherBrokerIsRefusedUntilItCloses(t *testin
 	for _, want := range []string{"kept", "after"} {
 		assert.Equal(t, want, string(receive(t, got, failed).Data))
 	}
+}
+
+// TestNewEmbedded_WaitingForAStoreEndsWithTheCallersCtx: a NewEmbedded whose ctx ends
+// while another broker holds the store returns ctx's error, not ErrUnavailable (it is
+// no reason to retry); options that cannot work are refused before any wait.
+func TestNewEmbedded_WaitingForAStoreEndsWithTheCallersCtx(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	openEmbedded(t, dir)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := NewEmbedded(ctx, EmbeddedOptions{StoreDir: dir, ReadyTimeout: time.Hour, Logger: quietLog})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	_, err = NewEmbedded(t.Context(), EmbeddedOptions{StoreDir: dir, ReadyTimeout: time.Hour, ListenAddr: "127.0.0.1:70000", Logger: quietLog})
+	require.ErrorIs(t, err, ErrInvalidConfig, "refused before waiting an hour for the store")
 }

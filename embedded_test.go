@@ -341,7 +341,7 @@ func TestEmbeddedNATS_ListensOnlyWhenAsked(t *testing.T) {
 // a loopback one is not.
 func TestEmbeddedNATS_AListenerBeyondLoopbackIsWarnedOf(t *testing.T) {
 	for host, beyond := range map[string]bool{
-		"127.0.0.1": false, "::1": false, "localhost": false, "127.0.0.53": false,
+		"127.0.0.1": false, "::1": false, "::1%lo": false, "localhost": false, "127.0.0.53": false, "fe80::1%eth0": true,
 		"": true, "0.0.0.0": true, "::": true, "10.1.2.3": true, "nats.example": true,
 	} {
 		assert.Equal(t, beyond, beyondLoopback(host), "%q", host)
@@ -371,6 +371,7 @@ func TestNewEmbedded_OptionsThatCannotWorkAreInvalidConfig(t *testing.T) {
 	for name, opts := range map[string]EmbeddedOptions{
 		"a listen address without a port": {ListenAddr: "nonsense"},
 		"a port that is not a number":     {ListenAddr: "127.0.0.1:port"},
+		"a port beyond 65535":             {ListenAddr: "127.0.0.1:70000"},
 		"a negative ReadyTimeout":         {ReadyTimeout: -time.Second},
 		"a bad prefix":                    {Topology: NATSTopology{Prefix: "A.B"}},
 		"negative partitions":             {Topology: NATSTopology{Partitions: -1}},

@@ -346,6 +346,17 @@ func TestMetrics_AParkRetriedUnderItsKeyCountsOnceAndABinaryTableIsValidUTF8(t *
 
 	parked := collectPoints(t, m.reader)[metricParked]
 	assert.Equal(t, 1.0, total(parked), "the parked counter counts the park, not its retries")
+
+	// A park whose first answer was lost is sent again under its id: the Duplicate
+	// answer is this call's own store, and counts.
+	lossy := &lossyRequests{send: m.core.request, lose: 1}
+	m.core.request = lossy.request
+	require.NoError(t, m.DeadLetter(ctx, msg, WithIdempotencyKey("park-2")))
+	require.Len(t, lossy.ids, 2, "sent again after the lost answer")
+	counts, err = m.DeadLetterCounts(ctx, "acme", "")
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), counts.Total, "parked once more")
+	assert.Equal(t, 2.0, total(collectPoints(t, m.reader)[metricParked]), "the park whose answer was lost counts")
 	for _, pt := range parked {
 		for _, kv := range pt.attrs.ToSlice() {
 			assert.True(t, utf8.ValidString(kv.Value.String()), "%s is not UTF-8: %q", kv.Key, kv.Value.String())

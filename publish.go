@@ -186,8 +186,15 @@ func userHeaders(h nats.Header) Headers {
 // PublishTimeout; an attempt whose answer was lost is sent again, at most twice, with
 // the same message id, so the stream stores it once.
 func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, error) {
+	ack, _, err := c.sendRetrying(ctx, ev)
+	return ack, err
+}
+
+// sendRetrying is send, also reporting whether an attempt before the one answered went
+// unanswered: then a Duplicate answer may be this call's own first store.
+func (c *natsCore) sendRetrying(ctx context.Context, ev outgoing) (ack *jetstream.PubAck, unanswered bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	// The message id and the expected stream are in the headers (prepare), rather than
 	// in jetstream's options on every attempt, which would copy them.
@@ -195,22 +202,22 @@ func (c *natsCore) send(ctx context.Context, ev outgoing) (*jetstream.PubAck, er
 	for attempt := 0; attempt <= publishRetries; attempt++ {
 		if attempt > 0 {
 			if err := sleepCtx(ctx, publishRetryWait); err != nil {
-				return nil, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
+				return nil, true, fmt.Errorf("publish %s: %w (after %v)", ev.subject, err, lastErr)
 			}
 		}
 		ack, err := c.request(ctx, &nats.Msg{Subject: ev.subject, Data: ev.data, Header: nats.Header(ev.header)})
 		if err == nil {
-			return ack, nil
+			return ack, attempt > 0, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			return nil, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
+			return nil, true, fmt.Errorf("publish %s: %w", ev.subject, ctxErr)
 		}
 		lastErr = err
 		if !noAnswer(err) || c.nc.IsClosed() {
 			break
 		}
 	}
-	return nil, c.mapPublishError(ev, lastErr)
+	return nil, true, c.mapPublishError(ev, lastErr)
 }
 
 // ingestEvent prepares topic's event for its partition, its message id scoped to the
