@@ -619,3 +619,47 @@ func durablesSettled(ctx context.Context, e *EmbeddedNATS) bool {
 	}
 	return true
 }
+
+// TestEmbeddedNATS_AnEventHandedBackAtStopComesAtOnceAfterARestart: the handler nak'ed
+// an event with an hour's delay, the worker stopped and handed it back, and the broker
+// restarted: a new worker gets it at once, not after the hour (nor after an ack wait).
+// The server keeps its redelivery queue in memory only, so a hand-back must also store
+// the event as due now (see handBack).
+func TestEmbeddedNATS_AnEventHandedBackAtStopComesAtOnceAfterARestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	e := openEmbedded(t, dir)
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("held")))
+	c, err := e.CreateConsumer(ctx, ConsumerConfig{Durable: WorkerDurable})
+	require.NoError(t, err)
+	naked := make(chan struct{})
+	stop, _, err := c.Consume(func(m *Message) error {
+		if err := m.NakWithDelay(time.Hour); err != nil {
+			return err
+		}
+		close(naked)
+		return nil
+	}, 0)
+	require.NoError(t, err)
+	select {
+	case <-naked:
+	case <-ctx.Done():
+		t.Fatal("the event was never delivered")
+	}
+	stop()
+	time.Sleep(idleBeforeRestart)
+	require.NoError(t, e.Close())
+
+	e = openEmbedded(t, dir)
+	got, failed := consumeAll(t, e)
+	select {
+	case m := <-got:
+		assert.Equal(t, "held", string(m.Data))
+	case err := <-failed:
+		t.Fatalf("delivery ended: %v", err)
+	case <-time.After(30 * time.Second): // far below the hour and the minute's ack wait
+		t.Fatal("the handed-back event did not come after the restart")
+	}
+}

@@ -285,7 +285,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 // Called with d.mu held.
 func (d *dispatcher) late(u *unit, e *entry) {
 	if u.released || d.reported {
-		go func() { _ = e.m.Nak() }() // not left to the ack wait
+		go d.handBackNow(e) // not left to the ack wait
 		return
 	}
 	u.late = append(u.late, e)
