@@ -582,8 +582,10 @@ import "slices"
 //   - ARestartRedeliversWhatWasNakedOrHeldAndNotWhatWasAcknowledged: Before an idle
 //     restart the worker acknowledges some events, naks others over and over and holds
 //     the rest unsettled; afterwards every event it did not acknowledge comes again,
-//     and none it acknowledged. Publishes: 12 events over acme, globex and 10 more
-//     tenants, on settle. Hooks: Restart. Flags: AckWaitRedelivers.
+//     each once, and none it acknowledged (the held ones within the case where AckWait
+//     redelivers; elsewhere they may, when the broker hands them back at Close).
+//     Publishes: 12 events over acme, globex and 10 more tenants, on settle. Hooks:
+//     Restart. Flags: AckWaitRedelivers.
 //
 //   - ARestartKeepsDeadLettersAndBudgetsWhereTheBrokerStoresThem: Parked events are
 //     still counted after two restarts; a budget set before them is still reported
