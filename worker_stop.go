@@ -236,8 +236,9 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 // nak puts it, is memory only, and its stored state still said "due an ack wait after
 // its delivery" (or after a handler's delayed nak), so a server restarted meanwhile sent
 // it again only then (the conformance case ARestartRedelivers… did not get it within
-// its 5 s once in CI, under the fixture's one-minute ack wait). A nak with a delay of 1ns first stores it as due now; the plain nak then
-// queues it at once, in the order given.
+// its 5 s once in CI, under the fixture's one-minute ack wait). A nak with a delay of
+// 1ns first stores it as due now; the plain nak then queues it at once, in the order
+// given.
 func (d *dispatcher) handBack(ctx context.Context, held []*entry, barrier string) (int, error) {
 	if len(held) == 0 && barrier == "" {
 		return 0, nil
