@@ -308,6 +308,20 @@ type Replayer interface {
 	ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error
 }
 
+// HistoryHorizon is implemented by brokers whose history drops its oldest events (by
+// age or by size), so that a replay since a time it no longer holds comes back short
+// with a nil error. It is not part of Broker: a broker that keeps every event has no
+// horizon.
+type HistoryHorizon interface {
+	// OldestSequence returns the Sequence of the oldest event the history still holds
+	// (as Subscribe and ReplaySince carry it), or the one the next event will take
+	// when it holds none. A client that saw every event up to Sequence s missed
+	// nothing when s+1 >= the result; ask after the replay, not before, since the
+	// oldest only moves forward. ErrUnavailable when the broker does not answer,
+	// ErrClosed after Close, ctx's error when ctx ends first.
+	OldestSequence(ctx context.Context) (uint64, error)
+}
+
 // Budgeter holds per-tenant byte budgets.
 type Budgeter interface {
 	// SetMaxBytes sets tenant's byte budget. Where budgets are enforced, a tenant never

@@ -94,8 +94,9 @@ type EmbeddedNATS struct {
 }
 
 var (
-	_ Broker        = (*EmbeddedNATS)(nil)
-	_ HealthChecker = (*EmbeddedNATS)(nil)
+	_ Broker         = (*EmbeddedNATS)(nil)
+	_ HealthChecker  = (*EmbeddedNATS)(nil)
+	_ HistoryHorizon = (*EmbeddedNATS)(nil)
 )
 
 // Embedded broker bounds.

@@ -73,8 +73,9 @@ type sourceState struct {
 }
 
 var (
-	_ Broker        = (*ExternalNATS)(nil)
-	_ HealthChecker = (*ExternalNATS)(nil)
+	_ Broker         = (*ExternalNATS)(nil)
+	_ HealthChecker  = (*ExternalNATS)(nil)
+	_ HistoryHorizon = (*ExternalNATS)(nil)
 )
 
 // NewNATS connects to the cluster and waits, up to TopologyWait, until the topology

@@ -364,6 +364,10 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 			return r.b.ReplaySince(nilCtx, ranged, time.Time{}, func(*Message) bool { return true })
 		}},
 		{"SetMaxBytes", func() error { return r.b.SetMaxBytes(nilCtx, tenant, 1) }},
+		{"OldestSequence", func() error {
+			_, err := r.b.(HistoryHorizon).OldestSequence(nilCtx)
+			return err
+		}},
 	} {
 		rows = append(rows, inputRow{name: c.op + " with a nil context", call: c.call, want: ErrInvalidConfig, says: "nil context"})
 	}

@@ -135,6 +135,9 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 		return true
 	}), "replay")
 	assert.Equal(t, []string{"one"}, replayed)
+	oldest, err := c.oldestSequence(ctx)
+	require.NoError(t, err, "the history's oldest sequence (STREAM.INFO on the history)")
+	assert.Equal(t, uint64(1), oldest)
 }
 
 // pinnedPartitions lists, as js sees them, the partitions whose durable has a client

@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 115 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 116 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -414,6 +414,12 @@ import "slices"
 //     everything, one far in the future nothing: never the reverse by an overflow, so a
 //     since taken from a client cannot replay the whole history by being absurd.
 //     Publishes: events on acme/r.
+//
+//   - OldestSequenceIsAtOrBelowEveryReplayedEventAndNeverMovesBack: For a broker that
+//     is an mq.HistoryHorizon: every replayed event carries a Sequence at or above
+//     OldestSequence, which does not go down from one call to the next; a nil context
+//     is ErrInvalidConfig and a call after Close ErrClosed. Skipped for a broker that
+//     is no mq.HistoryHorizon. Publishes: events on acme/r.
 //
 //   - DeadLetterKeepsTheTopicAndDoesNotAck: Parking a delivered event does not settle
 //     it (it comes back after a Nak), and the park counts under its table, scope rolled

@@ -88,7 +88,48 @@ func replayCases() []testCase {
 			publishes: "events on acme/r",
 			run:       replaySinceOutOfRange,
 		},
+		{
+			name: "OldestSequenceIsAtOrBelowEveryReplayedEventAndNeverMovesBack",
+			proves: "For a broker that is an mq.HistoryHorizon: every replayed event carries a " +
+				"Sequence at or above OldestSequence, which does not go down from one call to " +
+				"the next; a nil context is ErrInvalidConfig and a call after Close ErrClosed. " +
+				"Skipped for a broker that is no mq.HistoryHorizon.",
+			publishes: "events on acme/r",
+			run:       oldestSequenceBoundsReplays,
+		},
 	}
+}
+
+func oldestSequenceBoundsReplays(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hh, ok := e.b.(mq.HistoryHorizon)
+	if !ok {
+		t.Skipf("the broker, a %T, does not implement mq.HistoryHorizon", e.b)
+	}
+	tp := e.twoReplayable()
+	first, err := hh.OldestSequence(e.ctx)
+	require.NoError(t, err)
+	var seqs []uint64
+	require.NoError(t, e.b.ReplaySince(e.ctx, tp, time.Time{}, func(m *mq.Message) bool {
+		seqs = append(seqs, m.Sequence)
+		return true
+	}))
+	require.Len(t, seqs, 2)
+	for _, s := range seqs {
+		assert.GreaterOrEqual(t, s, first, "a replayed event's Sequence is below the oldest held")
+	}
+	assert.Less(t, seqs[0], seqs[1], "a replay's Sequences grow")
+	again, err := hh.OldestSequence(e.ctx)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, again, first, "the oldest moved back")
+	assert.LessOrEqual(t, again, seqs[0], "the oldest is past an event the replay still sends")
+
+	var nilCtx context.Context
+	_, err = hh.OldestSequence(nilCtx)
+	assert.ErrorIs(t, err, mq.ErrInvalidConfig, "a nil context")
+	require.NoError(t, e.b.Close())
+	_, err = hh.OldestSequence(e.ctx)
+	assert.ErrorIs(t, err, mq.ErrClosed, "after Close")
 }
 
 func replaySince(t *testing.T, h Harness) {
