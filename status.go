@@ -66,7 +66,11 @@ type PartitionStatus struct {
 type HistoryStatus struct {
 	Stream          string
 	Messages, Bytes uint64
-	Sources         []SourceStatus
+	// Oldest is the stored time of the oldest event held (zero when none): a replay
+	// reaches back to it. Well after MaxAge it means max_bytes cuts the window short.
+	Oldest  time.Time
+	MaxAge  time.Duration // the stream's max_age; 0 is none
+	Sources []SourceStatus
 }
 
 // SourceStatus is one source of the history: how many events it is behind, and how
@@ -155,7 +159,10 @@ func (c *natsCore) readStatus(ctx context.Context, s *TopologyStatus) error {
 		return c.mapRequestError("status: history stream "+c.topo.HistoryStream, err)
 	}
 	hi := hist.CachedInfo()
-	s.History = HistoryStatus{Stream: hi.Config.Name, Messages: hi.State.Msgs, Bytes: hi.State.Bytes}
+	s.History = HistoryStatus{Stream: hi.Config.Name, Messages: hi.State.Msgs, Bytes: hi.State.Bytes, MaxAge: hi.Config.MaxAge}
+	if hi.State.Msgs > 0 {
+		s.History.Oldest = hi.State.FirstTime
+	}
 	for _, src := range hi.Sources {
 		ss := SourceStatus{Stream: src.Name, Lag: src.Lag, LastSeen: src.Active}
 		if src.Error != nil {

@@ -54,3 +54,31 @@ func TestStatus_ANegativeListenWorkersIsInvalidConfig(t *testing.T) {
 	_, err = x.Status(t.Context(), StatusOptions{ListenWorkers: -time.Second})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
+
+// TestStatus_TheHistoryShowsHowFarBackAReplayReaches: Oldest is the stored time of the
+// history's oldest event (zero while it holds none) and MaxAge its limit, so an
+// operator can tell a window cut short by max_bytes.
+func TestStatus_TheHistoryShowsHowFarBackAReplayReaches(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	s, err := e.Status(ctx, StatusOptions{})
+	require.NoError(t, err)
+	assert.True(t, s.History.Oldest.IsZero(), "an empty history reaches nothing")
+	assert.Equal(t, e.topo.HistoryMaxAge, s.History.MaxAge)
+
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "orders"}
+	before := time.Now()
+	publishReplayable(t, e, topic, 1)
+	var replayed []*Message
+	require.NoError(t, e.ReplaySince(ctx, topic, time.Time{}, func(m *Message) bool {
+		replayed = append(replayed, m)
+		return true
+	}))
+	require.Len(t, replayed, 1)
+	s, err = e.Status(ctx, StatusOptions{})
+	require.NoError(t, err)
+	assert.True(t, s.History.Oldest.Equal(replayed[0].Timestamp), "Oldest %v is the oldest event's Timestamp %v", s.History.Oldest, replayed[0].Timestamp)
+	assert.False(t, s.History.Oldest.Before(before), "Oldest %v is before the publish", s.History.Oldest)
+}

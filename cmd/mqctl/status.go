@@ -116,7 +116,7 @@ func writeStatus(w io.Writer, s mq.TopologyStatus) {
 	if len(s.Workers) == 0 {
 		fmt.Fprintln(tw, "(no worker heard)")
 	}
-	section(tw, fmt.Sprintf("HISTORY %s: %d messages, %d bytes", s.History.Stream, s.History.Messages, s.History.Bytes))
+	section(tw, fmt.Sprintf("HISTORY %s: %d messages, %d bytes, %s", s.History.Stream, s.History.Messages, s.History.Bytes, window(s.History, time.Now())))
 	fmt.Fprintln(tw, "SOURCE\tLAG\tLAST SEEN\tERROR")
 	for _, src := range s.History.Sources {
 		seen := "never"
@@ -172,4 +172,17 @@ func ints(ps []int) string {
 		s[i] = strconv.Itoa(p)
 	}
 	return strings.Join(s, ",")
+}
+
+// window says how far back a replay reaches, beside the history's max_age: a window
+// well short of it means max_bytes drops events first.
+func window(h mq.HistoryStatus, now time.Time) string {
+	limit := "no max_age"
+	if h.MaxAge > 0 {
+		limit = "max_age " + h.MaxAge.String()
+	}
+	if h.Oldest.IsZero() {
+		return "replays reach nothing (" + limit + ")"
+	}
+	return fmt.Sprintf("replays reach back %s (%s)", now.Sub(h.Oldest).Round(time.Second), limit)
 }

@@ -57,7 +57,7 @@ func TestStatusOncePrintsPartitionsOwnersSourcesParkedCountsAndConsumers(t *test
 			rows[f[0]] = f
 		}
 	}
-	for _, want := range []string{"WH_INGEST_0", "HISTORY WH_HISTORY: 1 messages", "WH_INGEST_3  0  ", " ago", "durable"} {
+	for _, want := range []string{"WH_INGEST_0", "HISTORY WH_HISTORY: 1 messages", "replays reach back ", "WH_INGEST_3  0  ", " ago", "durable"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("status: no %q in\n%s", want, stdout)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wavehouse/mq"
 )
@@ -21,6 +22,24 @@ func TestStatusTableSaysWhyConsumersAreNotListed(t *testing.T) {
 	for _, want := range []string{"WH_INGEST_0", "HISTORY WH_HISTORY", "(consumers not listed: status: list the consumers of WH_INGEST_0: permissions violation)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+}
+
+// TestStatusTableShowsHowFarBackAReplayReaches: the history's line gives its window
+// beside its max_age, so an operator sees max_bytes cutting the window short.
+func TestStatusTableShowsHowFarBackAReplayReaches(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		h    mq.HistoryStatus
+		want string
+	}{
+		{mq.HistoryStatus{Oldest: now.Add(-90 * time.Second), MaxAge: 15 * time.Minute}, "replays reach back 1m30s (max_age 15m0s)"},
+		{mq.HistoryStatus{MaxAge: 15 * time.Minute}, "replays reach nothing (max_age 15m0s)"},
+		{mq.HistoryStatus{Oldest: now.Add(-time.Hour)}, "replays reach back 1h0m0s (no max_age)"},
+	} {
+		if got := window(c.h, now); got != c.want {
+			t.Errorf("window(%+v) = %q, want %q", c.h, got, c.want)
 		}
 	}
 }
