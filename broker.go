@@ -158,7 +158,8 @@ type ConsumerConfig struct {
 	// its delivery units before the other workers share them out; a worker that stops
 	// hands them over at once. Workers send a heartbeat three times within it. A unit
 	// the silent worker still held unsettled events of waits one ack wait more, so its
-	// tenants' order holds. Default 3s.
+	// tenants' order holds. Default 3s; the NATS brokers refuse one below 100ms
+	// (ErrInvalidConfig).
 	MemberTimeout time.Duration
 	// Partitions, when set, claims exactly these delivery units (0 to N-1) for this
 	// worker, for operators who place workers themselves. Unset, the worker joins the

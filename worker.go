@@ -30,6 +30,10 @@ const (
 	defaultMaxRetryDelay = time.Minute
 	defaultStopTimeout   = 10 * time.Second
 	defaultMemberTimeout = 3 * time.Second
+	// minMemberTimeout: below it a worker's heartbeats (three per timeout) would come
+	// faster than a loaded server and scheduler can be relied on to carry them, and a
+	// busy worker would be declared gone between two of them.
+	minMemberTimeout = 100 * time.Millisecond
 )
 
 // durable maps a consumer name onto the ingest durable, on an open broker.
@@ -66,6 +70,8 @@ func newWorkerPolicy(cfg ConsumerConfig, n int) (workerPolicy, error) {
 			cfg.AckWait, cfg.RetryDelay, cfg.MaxRetryDelay, cfg.StopTimeout, cfg.MemberTimeout)
 	case cfg.MaxAckPending < 0, cfg.Concurrency < 0:
 		return bad("negative count (max ack pending %d, concurrency %d)", cfg.MaxAckPending, cfg.Concurrency)
+	case cfg.MemberTimeout > 0 && cfg.MemberTimeout < minMemberTimeout:
+		return bad("member timeout %s is below %s", cfg.MemberTimeout, minMemberTimeout)
 	}
 	p := workerPolicy{
 		concurrency:   cmp.Or(cfg.Concurrency, defaultConcurrency),

@@ -15,8 +15,8 @@ import (
 )
 
 // The worker's dispatcher: deliveries from every partition it takes go into one lane
-// per tenant, and a pool of Concurrency goroutines runs the lanes, one handler call per
-// lane at a time. A lane whose event failed is held until that event comes back, so a
+// per tenant, and a pool of at most Concurrency goroutines runs the lanes, one handler
+// call per lane at a time. A lane whose event failed is held until that event comes back, so a
 // tenant's order survives retries while other tenants go on.
 
 // pinIDHeader carries the pin a message of a pinned_client durable was delivered
@@ -55,10 +55,13 @@ type dispatcher struct {
 	stopped  bool // by stop
 	reported bool // ended by itself, reported on failed
 	failed   chan error
-	pool     sync.WaitGroup
-	done     chan struct{} // closed once stop finished
-	endTick  chan struct{}
-	tickOnce sync.Once
+	// The pool's goroutines start as lanes need them, so a Concurrency far above the
+	// tenants with work at once costs nothing: started counts them, idle those waiting
+	// on wake, signaled those of idle already woken for a lane.
+	started, idle, signaled int
+	done                    chan struct{} // closed once stop finished
+	endTick                 chan struct{}
+	tickOnce                sync.Once
 }
 
 // unit is one partition this worker consumes.
@@ -164,10 +167,6 @@ func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Han
 	d.part, forgetPart = c.addPart(fmt.Sprintf("worker %q", durable))
 	forgetWorker := c.addWorker(d)
 	d.forget = func() { forgetPart(); forgetWorker() }
-	d.pool.Add(policy.concurrency)
-	for range policy.concurrency {
-		go d.runLanes()
-	}
 	go d.keepAlive()
 	return d
 }
@@ -324,7 +323,21 @@ func (l *lane) insert(e *entry) bool {
 // a goroutine of the pool for it.
 func (d *dispatcher) schedule(l *lane) {
 	if d.enqueue(l) {
+		d.wakeOne()
+	}
+}
+
+// wakeOne finds a goroutine of the pool for a lane made ready: an idle one not woken
+// yet, else a new one while the pool is below Concurrency; else the lane waits for a
+// goroutine to finish its call. Called with d.mu held.
+func (d *dispatcher) wakeOne() {
+	switch {
+	case d.idle > d.signaled:
+		d.signaled++
 		d.wake.Signal()
+	case d.started < d.policy.concurrency && !d.over():
+		d.started++
+		go d.runLanes()
 	}
 }
 
@@ -344,7 +357,6 @@ func (d *dispatcher) enqueue(l *lane) bool {
 
 // runLanes is one of the pool's goroutines.
 func (d *dispatcher) runLanes() {
-	defer d.pool.Done()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for {
@@ -352,7 +364,12 @@ func (d *dispatcher) runLanes() {
 			// Idle: what still waits is held behind calls in flight, so a pull
 			// waiting for room must not wait for more of it to run (see below).
 			d.room.Broadcast()
+			d.idle++
 			d.wake.Wait()
+			d.idle--
+			if d.signaled > 0 {
+				d.signaled--
+			}
 		}
 		if d.over() {
 			return

@@ -4,6 +4,7 @@ package mq
 
 import (
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -385,10 +386,47 @@ func TestWorker_AConfigThatCannotWorkIsRefusedWithErrInvalidConfig(t *testing.T)
 		"claim beyond the last":  {Partitions: []int{e.topo.Partitions}},
 		"negative claim":         {Partitions: []int{-1}},
 		"claim naming one twice": {Partitions: []int{1, 1}},
+		// A heartbeat every third of it: 1ns made the group's ticker panic.
+		"member timeout of 1ns":          {MemberTimeout: 1},
+		"member timeout below its floor": {MemberTimeout: minMemberTimeout - 1},
 	} {
 		_, err := e.CreateConsumer(ctx, cfg)
 		assert.ErrorIs(t, err, ErrInvalidConfig, name)
 	}
+	_, err := e.CreateConsumer(ctx, ConsumerConfig{MemberTimeout: minMemberTimeout})
+	assert.NoError(t, err, "the floor itself")
+}
+
+// TestWorker_AConcurrencyFarAboveTheTenantsStartsOnlyTheGoroutinesTheyNeed: the pool
+// grows as tenants have work at once, so a Concurrency of 2^30 neither hangs Consume
+// nor holds a goroutine per slot.
+func TestWorker_AConcurrencyFarAboveTheTenantsStartsOnlyTheGoroutinesTheyNeed(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	tenants := tenantsOn(t, e, 3)
+	cons, err := e.CreateConsumer(ctx, ConsumerConfig{Concurrency: 1 << 30})
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+	got := make(chan string, 30)
+	stop, _, err := cons.Consume(func(m *Message) error {
+		got <- string(m.Data)
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	for i := range 10 {
+		for _, id := range tenants {
+			require.NoError(t, e.Publish(ctx, Topic{Tenant: id, Table: "t"}, []byte(strconv.Itoa(i))))
+		}
+	}
+	for range 30 {
+		select {
+		case <-got:
+		case <-ctx.Done():
+			t.Fatal("not every event was handled")
+		}
+	}
+	assert.Less(t, runtime.NumGoroutine()-before, 1000, "goroutines started for a Concurrency of 2^30")
 }
 
 func partitionOf(t *testing.T, e *EmbeddedNATS, tenant TenantID) int {
