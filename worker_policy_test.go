@@ -3,9 +3,11 @@
 package mq
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -593,4 +595,49 @@ func TestWorker_AHandlerThatAcksFromAGoroutineOfItsOwnAsItReturnsHoldsNothing(t 
 		_, used := e.budgets.snapshot()
 		return used["acme"] == 0
 	}, 10*time.Second, 20*time.Millisecond, "every event acked")
+}
+
+// TestWorker_AnErrorWithBlanksAtItsEndsIsParkedWithThemTrimmed: NATS headers do not keep
+// a value's leading or trailing blanks, so a park whose error header had them was
+// refused, and its event was retried for ever, holding its tenant.
+func TestWorker_AnErrorWithBlanksAtItsEndsIsParkedWithThemTrimmed(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	tenant := tenantsOn(t, e, 1)[0]
+	cutAtABlank := strings.Repeat("x", maxDeadErrorLen-1) + " tail beyond the cut"
+	errs := map[string]string{
+		"trailing newline": "row rejected by db\n",
+		"leading space":    " row rejected",
+		"trailing NULs":    "row rejected\x00\x00",
+		"cut at a blank":   cutAtABlank,
+	}
+	cons, err := e.CreateConsumer(ctx, ConsumerConfig{MaxDeliveries: 1})
+	require.NoError(t, err)
+	stop, _, err := cons.Consume(func(m *Message) error {
+		if text, ok := errs[string(m.Data)]; ok {
+			return errors.New(text)
+		}
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	for name := range errs {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: tenant, Table: "rows"}, []byte(name)))
+	}
+	require.Eventually(t, func() bool {
+		c, err := e.DeadLetterCounts(ctx, tenant, "")
+		return err == nil && c.Total == uint64(len(errs))
+	}, 30*time.Second, 20*time.Millisecond, "not every failed event was parked")
+	parked, _, err := e.DeadLetters(ctx, tenant, DeadLetterQuery{})
+	require.NoError(t, err)
+	got := map[string]string{}
+	for _, p := range parked {
+		got[string(p.Data)] = p.Headers.Get(HeaderDeadError)
+	}
+	assert.Equal(t, map[string]string{
+		"trailing newline": "row rejected by db",
+		"leading space":    "row rejected",
+		"trailing NULs":    "row rejected",
+		"cut at a blank":   strings.Repeat("x", maxDeadErrorLen-1),
+	}, got)
 }

@@ -115,8 +115,10 @@ func (d *dispatcher) parkHeaders(e *entry, t *tries) []PublishOpt {
 	return append(opts, WithHeader(HeaderDeadError, oneLine(t.lastErr, maxDeadErrorLen)))
 }
 
-// oneLine makes s a header value: control characters become spaces, and it is cut to
-// at most n bytes on a rune boundary.
+// oneLine makes s a header value: control characters become spaces, it is cut to at
+// most n bytes on a rune boundary, and blanks at either end go (NATS headers do not
+// keep them, so the park would be refused: an error ending in a newline once left its
+// event retried for ever).
 func oneLine(s string, n int) string {
 	s = strings.Map(func(r rune) rune {
 		if r < 0x20 || r == 0x7f {
@@ -124,14 +126,14 @@ func oneLine(s string, n int) string {
 		}
 		return r
 	}, s)
-	if len(s) <= n {
-		return s
+	if len(s) > n {
+		cut := n
+		for cut > 0 && !isRuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
 	}
-	cut := n
-	for cut > 0 && !isRuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
+	return strings.Trim(s, " ")
 }
 
 func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
