@@ -123,6 +123,9 @@ const (
 // them, the dead-letter stream), restores the budgets and backlogs kept in the store,
 // and returns the broker.
 func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, error) {
+	if ctx == nil {
+		return nil, errNilContext("embedded nats")
+	}
 	topo := opts.Topology.WithDefaults()
 	topo.Replicas = 1
 	if err := topo.Validate(); err != nil {

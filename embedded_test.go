@@ -382,6 +382,40 @@ func TestNewEmbedded_OptionsThatCannotWorkAreInvalidConfig(t *testing.T) {
 	}
 }
 
+// TestEntryPoints_ANilContextOrJetStreamIsInvalidConfigNotAPanic: the constructors and
+// the verifier refuse them as every broker method does; VerifyNATSTopology used to
+// crash the process from inside a nats.go goroutine.
+func TestEntryPoints_ANilContextOrJetStreamIsInvalidConfigNotAPanic(t *testing.T) {
+	t.Parallel()
+	var nilCtx context.Context
+	cfg := NATSConfig{URLs: []string{"nats://127.0.0.1:1"}}
+	e := openEmbedded(t, "")
+	for name, call := range map[string]func() error{
+		"NewEmbedded": func() error { _, err := NewEmbedded(nilCtx, EmbeddedOptions{Logger: quietLog}); return err },
+		"NewNATS":     func() error { _, err := NewNATS(nilCtx, cfg); return err },
+		"CheckNATS":   func() error { _, err := CheckNATS(nilCtx, cfg); return err },
+		"ConnectNATS": func() error { _, err := ConnectNATS(nilCtx, cfg); return err },
+		"VerifyNATSTopology": func() error {
+			_, err := VerifyNATSTopology(nilCtx, e.js, e.topo)
+			return err
+		},
+		"AwaitNATSTopology": func() error {
+			_, err := AwaitNATSTopology(nilCtx, e.js, e.topo, time.Second)
+			return err
+		},
+		"VerifyNATSTopology with a nil JetStream": func() error {
+			_, err := VerifyNATSTopology(t.Context(), nil, e.topo)
+			return err
+		},
+		"AwaitNATSTopology with a nil JetStream": func() error {
+			_, err := AwaitNATSTopology(t.Context(), nil, e.topo, time.Second)
+			return err
+		},
+	} {
+		assert.ErrorIs(t, call(), ErrInvalidConfig, name)
+	}
+}
+
 func TestEmbeddedNATS_CloseLeavesNothingRunning(t *testing.T) {
 	// goleak itself runs in TestMain; this proves a temp store is removed.
 	e, err := NewEmbedded(t.Context(), EmbeddedOptions{NoSync: true, Logger: quietLog})

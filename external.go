@@ -85,6 +85,9 @@ var (
 // server refuses, wrapping nats.ErrAuthorization (a server refuses them too when its
 // auth callout or account resolver did not answer). Recommended findings are logged.
 func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
+	if ctx == nil {
+		return nil, errNilContext("external nats")
+	}
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -365,6 +368,9 @@ func (e *ExternalNATS) Close() error {
 // it to match: the check an operator runs before deploying. It waits up to
 // TopologyWait for the connection; a cluster never reached is ErrUnavailable.
 func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
+	if ctx == nil {
+		return nil, errNilContext("check nats")
+	}
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
 	nc, err := ConnectNATS(ctx, cfg)
 	if err != nil {
@@ -386,6 +392,9 @@ func CheckNATS(ctx context.Context, cfg NATSConfig) ([]Finding, error) {
 // library as the same user, such as mqctl bench's baseline. Its errors are NewNATS's;
 // the caller closes the connection.
 func ConnectNATS(ctx context.Context, cfg NATSConfig) (*nats.Conn, error) {
+	if ctx == nil {
+		return nil, errNilContext("connect nats")
+	}
 	cfg.NATSTopology = cfg.NATSTopology.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

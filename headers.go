@@ -55,7 +55,8 @@ const DeadReasonHandlerFailed = "handler-failed"
 const HeaderIdempotencyKey = "Nats-Msg-Id"
 
 // PublishOpt edits the headers of an event being published or parked. The map is never
-// nil when an option runs.
+// nil when an option runs. A nil PublishOpt is refused with ErrInvalidConfig before
+// anything is sent.
 type PublishOpt func(h Headers)
 
 // WithHeader appends a header value; two calls with one key keep both values. Keys

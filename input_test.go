@@ -372,6 +372,14 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 		rows = append(rows, inputRow{name: c.op + " with a nil context", call: c.call, want: ErrInvalidConfig, says: "nil context"})
 	}
 	rows = append(rows,
+		inputRow{name: "Publish with a nil option", want: ErrInvalidConfig, says: "option 1 is nil",
+			call: func() error { return r.b.Publish(ctx, topic, x, WithHeader("X-A", "a"), nil) }},
+		inputRow{name: "PublishBatch with a nil option", want: ErrInvalidConfig, says: "option 0 is nil",
+			call: func() error {
+				return r.b.PublishBatch(ctx, Batch{Tenant: tenant, Events: []BatchEvent{{Table: "t", Data: x, Options: []PublishOpt{nil}}}})
+			}},
+		inputRow{name: "DeadLetter with a nil option", want: ErrInvalidConfig, says: "option 0 is nil",
+			call: func() error { return r.b.DeadLetter(ctx, NewMessage(ctx, topic, x), nil) }},
 		inputRow{name: "ReplaySince with a nil send and events to send", want: ErrInvalidConfig, says: "nil send",
 			call: func() error { return r.b.ReplaySince(ctx, ranged, time.Time{}, nil) }},
 		inputRow{name: "SetMaxBytes with a negative budget", want: ErrInvalidConfig, says: "negative budget",

@@ -50,7 +50,10 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	for k, v := range base {
 		h[k] = append([]string(nil), v...)
 	}
-	for _, opt := range opts {
+	for i, opt := range opts {
+		if opt == nil { // a conditional option left unset
+			return outgoing{}, fmt.Errorf("%w: publish option %d is nil", ErrInvalidConfig, i)
+		}
 		opt(h)
 	}
 	if err := validateHeaders(h); err != nil {

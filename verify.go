@@ -91,6 +91,9 @@ const (
 // check could not run (the server was not reached or refused a request); a missing
 // object is a finding.
 func VerifyNATSTopology(ctx context.Context, js jetstream.JetStream, topo NATSTopology) ([]Finding, error) {
+	if err := verifyArgs("verify nats topology", ctx, js); err != nil {
+		return nil, err
+	}
 	topo = topo.WithDefaults()
 	if err := topo.Validate(); err != nil {
 		return nil, err
@@ -125,6 +128,9 @@ func (v *verifier) run(ctx context.Context) ([]Finding, error) {
 // runs out it returns a *TopologyError with the last check's findings, or the last
 // check's error if it could not run. Each check's requests are bounded by the wait.
 func AwaitNATSTopology(ctx context.Context, js jetstream.JetStream, topo NATSTopology, wait time.Duration) ([]Finding, error) {
+	if err := verifyArgs("await nats topology", ctx, js); err != nil {
+		return nil, err
+	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	backoff := awaitFirstBackoff
@@ -478,6 +484,18 @@ func (v *verifier) checkLegacyDurable(ctx context.Context, stream string) error 
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
 	default:
 		return fmt.Errorf("consumer %s/%s: %w", stream, legacyIngestConsumer, err)
+	}
+	return nil
+}
+
+// verifyArgs refuses what would otherwise panic inside nats.go, in a goroutine of its
+// own where a caller's recover cannot reach it.
+func verifyArgs(op string, ctx context.Context, js jetstream.JetStream) error {
+	if ctx == nil {
+		return errNilContext(op)
+	}
+	if js == nil {
+		return fmt.Errorf("%s: nil JetStream: %w", op, ErrInvalidConfig)
 	}
 	return nil
 }
