@@ -35,7 +35,10 @@ type EmbeddedOptions struct {
 	// warning.
 	ListenAddr string
 	// Topology names and sizes the streams. Zero fields take NATSTopology's defaults;
-	// replicas are always 1.
+	// replicas are always 1. A store keeps its partition count while any partition
+	// holds an event: another Partitions is ErrInvalidConfig until a worker drained
+	// them (a tenant's partition is its hash modulo the count); then the change is
+	// made and the partitions beyond the new count are removed.
 	Topology NATSTopology
 	// NoSync skips the fsync after every write: faster, and a power loss (not a
 	// process crash) can lose the last acknowledged writes.
@@ -248,6 +251,9 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 
 // boot creates the topology and restores what the store holds.
 func (e *EmbeddedNATS) boot(ctx context.Context) error {
+	if err := e.checkPartitions(ctx); err != nil {
+		return err
+	}
 	for p := range e.topo.Partitions {
 		cfg := e.topo.partitionConfig(p)
 		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
