@@ -23,6 +23,12 @@ const childLinePrefix = "MQCHILD "
 // when the child ends before it was killed, showing the child's output.
 func runChild(t *testing.T, test string, env []string, onLine func(kind, rest string) (kill bool), stop <-chan struct{}) {
 	t.Helper()
+	runChildProcess(t, test, env, func(_ *os.Process, kind, rest string) bool { return onLine(kind, rest) }, stop)
+}
+
+// runChildProcess is runChild whose onLine also gets the child's process, to signal it.
+func runChildProcess(t *testing.T, test string, env []string, onLine func(p *os.Process, kind, rest string) (kill bool), stop <-chan struct{}) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
 	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
@@ -52,7 +58,7 @@ func runChild(t *testing.T, test string, env []string, onLine func(kind, rest st
 			continue
 		}
 		kind, rest, _ := strings.Cut(rest, " ")
-		if onLine(kind, rest) {
+		if onLine(cmd.Process, kind, rest) {
 			kill()
 		}
 	}

@@ -473,6 +473,7 @@ func (d *dispatcher) observe(u *unit, e *entry, kind settled, delay time.Duratio
 func (d *dispatcher) keepAlive() {
 	tick := time.NewTicker(keepAlivePeriod)
 	defer tick.Stop()
+	period, last := keepAlivePeriod, time.Now()
 	for {
 		select {
 		case <-d.endTick:
@@ -481,14 +482,18 @@ func (d *dispatcher) keepAlive() {
 		}
 		var waiting []*entry
 		d.mu.Lock()
-		period := keepAlivePeriod
+		now := time.Now()
+		if lost := now.Sub(last) - period; lost > stallSlack {
+			d.stalled(lost)
+		}
+		last = now
+		period = keepAlivePeriod
 		for _, u := range d.units {
 			if u.ackWait > 0 {
 				period = min(period, max(u.ackWait/6, minKeepAlivePeriod))
 			}
 		}
 		tick.Reset(period)
-		now := time.Now()
 		for _, u := range d.units {
 			if b := u.backlog; b != nil && b.over(now) {
 				if len(b.tenants) > 0 {
@@ -518,6 +523,30 @@ func (d *dispatcher) keepAlive() {
 		d.mu.Unlock()
 		for _, e := range waiting {
 			_ = e.m.InProgress()
+		}
+	}
+}
+
+// stallSlack is how much later than its period a keepAlive tick may come before the
+// delay counts as a stall of the process.
+const stallSlack = time.Second
+
+// stalled pushes back, by lost, every wait for an event to come back. A tick that
+// much late means this process did not run (a VM or container paused, a SIGSTOP, a
+// starved machine): no redelivery could arrive meanwhile, so a deadline that passed
+// during the stall says nothing of the event, and giving up on it would run its
+// tenant's later events first (a probe saw it, after a 12 s SIGSTOP). Called with
+// d.mu held.
+func (d *dispatcher) stalled(lost time.Duration) {
+	d.core.log.Warn("mq: the worker did not run for a while; its waits for retried events are extended by as much", "stalled", lost.Round(time.Millisecond))
+	for _, l := range d.lanes {
+		if l.blocked != nil {
+			l.until = l.until.Add(lost)
+		}
+	}
+	for _, u := range d.units {
+		if b := u.backlog; b != nil {
+			b.until, b.lastAt = b.until.Add(lost), b.lastAt.Add(lost)
 		}
 	}
 }
