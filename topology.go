@@ -2,10 +2,12 @@ package mq
 
 import (
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -32,7 +34,7 @@ type NATSTopology struct {
 	HistoryStream string
 
 	// PublishTimeout bounds each publish attempt, and each request of a replay
-	// (with the wait for its next event). Default 5s.
+	// (with the wait for its next event). Default 5s, at most 1h.
 	PublishTimeout time.Duration
 	// AckWait is the worker's ack wait; the durable's must be at least this. Default 60s.
 	AckWait time.Duration
@@ -161,7 +163,7 @@ func (t NATSTopology) check() error {
 	case t.Partitions < 1:
 		return fmt.Errorf("nats topology: partitions %d must be at least 1", t.Partitions)
 	case !validName(t.IngestConsumer):
-		return fmt.Errorf("nats topology: ingest consumer %q is not a valid consumer name", t.IngestConsumer)
+		return fmt.Errorf("nats topology: ingest consumer %q is not a valid consumer name (1 to %d bytes of UTF-8, no control character, blank, '.', '*', '>', '/' or '\\')", t.IngestConsumer, maxNameLen)
 	case !ingestConsumerSortsFirst(t.IngestConsumer):
 		return fmt.Errorf("nats topology: ingest consumer %q must sort before %q in byte order (as INGEST does; a name starting with a lower-case letter never does): "+
 			"a single nats-server recovers a partition's consumers in name order, and recovering the history's source "+
@@ -170,11 +172,21 @@ func (t NATSTopology) check() error {
 	case !groupNamePattern.MatchString(t.IngestGroup):
 		return fmt.Errorf("nats topology: ingest group %q is not a valid priority group name (1 to 16 of [a-zA-Z0-9/_=-])", t.IngestGroup)
 	case !validName(t.HistoryStream):
-		return fmt.Errorf("nats topology: history stream %q is not a valid stream name", t.HistoryStream)
+		return fmt.Errorf("nats topology: history stream %q is not a valid stream name (1 to %d bytes of UTF-8, no control character, blank, '.', '*', '>', '/' or '\\')", t.HistoryStream, maxNameLen)
+	case len(t.PartitionStream(t.Partitions-1)) > maxNameLen, len(t.DeadLetterStream()) > maxNameLen:
+		return fmt.Errorf("nats topology: prefix %q makes stream names longer than JetStream's %d bytes", t.Prefix, maxNameLen)
 	case t.PublishTimeout < 0, t.AckWait < 0, t.PinnedTTL < 0, t.DuplicateWindow < 0, t.HistoryMaxAge < 0:
 		return fmt.Errorf("nats topology: durations must not be negative")
+	case t.PublishTimeout > maxPublishTimeout:
+		return fmt.Errorf("nats topology: publish timeout %s is above %s: the partitions would keep every event's id for three times as long", t.PublishTimeout, maxPublishTimeout)
 	case t.MaxAckPending < 0, t.Prefetch < 0, t.Replicas < 0:
 		return fmt.Errorf("nats topology: counts must not be negative")
+	case t.PartitionMaxBytes < 0, t.MaxMsgsPerSubject < 0, t.HistoryMaxBytes < 0, t.DeadLetterMaxBytes < 0, t.DeadLetterMaxMsgsPerSubject < 0:
+		// JetStream reads -1 as "no limit": the partitions' limits are what refuses a
+		// publish with ErrQueueFull before the disk fills.
+		return fmt.Errorf("nats topology: stream limits must not be negative (partition max bytes %d, max msgs per subject %d, "+
+			"history max bytes %d, dead-letter max bytes %d, dead-letter max msgs per subject %d)", t.PartitionMaxBytes,
+			t.MaxMsgsPerSubject, t.HistoryMaxBytes, t.DeadLetterMaxBytes, t.DeadLetterMaxMsgsPerSubject)
 	case t.Replicas > maxReplicas:
 		return fmt.Errorf("nats topology: replicas %d is more than JetStream's %d", t.Replicas, maxReplicas)
 	case t.DuplicateWindow < t.minDuplicateWindow():
@@ -206,8 +218,16 @@ func ingestConsumerSortsFirst(name string) bool { return name < serverConsumerPr
 
 // validName reports whether s is a usable stream or consumer name.
 func validName(s string) bool {
-	return s != "" && !strings.ContainsAny(s, ".*> \t\r\n/\\")
+	return s != "" && len(s) <= maxNameLen && utf8.ValidString(s) &&
+		!strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f || strings.ContainsRune(".*> /\\", r) })
 }
+
+// maxPublishTimeout bounds PublishTimeout, which the duplicate window must cover three
+// times over (see minDuplicateWindow).
+const maxPublishTimeout = time.Hour
+
+// maxNameLen is the longest stream or consumer name JetStream takes (its JSMaxNameLen).
+const maxNameLen = 255
 
 // minDuplicateWindow is the time from a publish's first attempt to the end of its last
 // retry: (retries+1) x PublishTimeout + retries x retry wait. A duplicate window below
@@ -216,6 +236,11 @@ func (t NATSTopology) minDuplicateWindow() time.Duration {
 	timeout := t.PublishTimeout
 	if timeout == 0 {
 		timeout = defaultPublishTimeout
+	}
+	// Saturating: a timeout of centuries must not wrap round to a negative minimum
+	// that any window passes.
+	if timeout > (math.MaxInt64-publishRetries*publishRetryWait)/(publishRetries+1) {
+		return math.MaxInt64
 	}
 	return (publishRetries+1)*timeout + publishRetries*publishRetryWait
 }
