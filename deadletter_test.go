@@ -163,3 +163,20 @@ func TestDeadLetterCounts_IsOneSubjectFilteredStreamInfoRequest(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable, "a dead-letter stream gone is unavailable, not an empty count")
 	assert.Contains(t, err.Error(), e.topo.DeadLetterStream())
 }
+
+// TestEmbeddedNATS_ParksOfATenantNeverBudgetedAreCounted: such a tenant has no queue
+// of its own (ErrNoDeadLetterQueue), but a host may park a message of it; that park is
+// counted rather than stored where no count shows it.
+func TestEmbeddedNATS_ParksOfATenantNeverBudgetedAreCounted(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	_, err := e.DeadLetterCounts(ctx, "never", "")
+	require.ErrorIs(t, err, ErrNoDeadLetterQueue, "nothing parked yet")
+	require.NoError(t, e.DeadLetter(ctx, NewMessage(ctx, Topic{Tenant: "never", Table: "t", Scope: "s"}, []byte("x"))))
+	counts, err := e.DeadLetterCounts(ctx, "never", "")
+	require.NoError(t, err)
+	assert.Equal(t, DeadLetterCounts{Tables: map[string]uint64{"t": 1}, Total: 1}, counts)
+	parked, _, err := e.DeadLetters(ctx, "never", DeadLetterQuery{})
+	require.NoError(t, err)
+	assert.Len(t, parked, 1)
+}

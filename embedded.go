@@ -426,7 +426,8 @@ func (e *EmbeddedNATS) DeadLetter(ctx context.Context, msg *Message, opts ...Pub
 }
 
 // DeadLetterCounts counts tenant's parked events; a tenant never given a budget has no
-// queue and is ErrNoDeadLetterQueue.
+// queue and is ErrNoDeadLetterQueue, unless a host parked events of it (DeadLetter
+// takes a message of any tenant): those are counted.
 func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
 	if ctx == nil {
 		return DeadLetterCounts{}, errNilContext("dead-letter counts")
@@ -437,10 +438,11 @@ func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, ta
 	if err := tenant.Validate(); err != nil {
 		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: %w", err)
 	}
-	if _, ok := e.budgets.limit(tenant); !ok {
+	counts, err := e.core.deadLetterCounts(ctx, tenant, table)
+	if _, ok := e.budgets.limit(tenant); !ok && err == nil && counts.Total == 0 {
 		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: tenant %s was never given a budget: %w", tenant, ErrNoDeadLetterQueue)
 	}
-	return e.core.deadLetterCounts(ctx, tenant, table)
+	return counts, err
 }
 
 // ReplaySince replays topic from the history.
