@@ -24,7 +24,8 @@ func TestManifestsPrintsTheShippedFileForTheShippedFlags(t *testing.T) {
 	}
 	// A zero is the library's "default": given on the command line it is refused, not
 	// silently made 4 partitions or 3 replicas; JetStream takes at most 5 replicas.
-	for _, args := range [][]string{{"-partitions", "0"}, {"-replicas", "0"}, {"-replicas", "7"}, {"-partitions", "-1"}} {
+	for _, args := range [][]string{{"-partitions", "0"}, {"-replicas", "0"}, {"-replicas", "7"}, {"-partitions", "-1"},
+		{"-prefix="}, {"-history="}, {"-ingest-consumer="}, {"-ingest-group="}} {
 		if code, stdout, stderr := runArgs(t, append([]string{"manifests"}, args...)...); code != 2 || stdout != "" || stderr == "" {
 			t.Errorf("manifests %v: exit %d, stdout %d bytes, stderr %q; want a usage error and nothing printed", args, code, len(stdout), stderr)
 		}

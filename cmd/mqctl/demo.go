@@ -153,6 +153,10 @@ func runDemo(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.stderr, "mqctl demo: -events must be at least 20")
 		return 2
 	}
+	if *timeout <= 0 {
+		fmt.Fprintf(e.stderr, "mqctl demo: -timeout %s: must be more than 0\n", *timeout)
+		return 2
+	}
 	if err := demo(ctx, e, *perTenant, *timeout, *verbose); err != nil {
 		fmt.Fprintf(e.stdout, "\nFAIL: %v\n", err)
 		return 1

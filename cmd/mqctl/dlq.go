@@ -134,8 +134,8 @@ func (f *dlqFlags) misplaced(fs *flag.FlagSet, sub string) string {
 			msg = fmt.Sprintf("-%s is for %s only", fl.Name, strings.Join(subs, " and "))
 		}
 	})
-	if msg == "" && f.limit < 0 {
-		msg = fmt.Sprintf("-limit %d: must not be negative (0 means 100)", f.limit)
+	if msg == "" && f.limit < 1 {
+		msg = fmt.Sprintf("-limit %d: must be at least 1", f.limit)
 	}
 	return msg
 }

@@ -107,6 +107,11 @@ func TestDLQRefusesBadArguments(t *testing.T) {
 		// ErrUnavailable and exit 1.
 		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "ACME"},
 		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-limit", "-1"},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-limit", "0"},
+		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-prefix="},
+		{"demo", "-timeout", "0s"},
+		{"demo", "-timeout", "-1s"},
+		{"permissions", "-history="},
 		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-all"},
 		{"dlq", "ls", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-id", "3"},
 		{"dlq", "redrive", "-url", "nats://127.0.0.1:1", "-tenant", "a", "-all", "-yes"},

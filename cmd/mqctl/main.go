@@ -75,8 +75,23 @@ func parse(fs *flag.FlagSet, args []string) int {
 		fs.Usage()
 		return 2
 	}
+	var empty string
+	fs.Visit(func(f *flag.Flag) {
+		if nonEmpty[f.Name] && f.Value.String() == "" && empty == "" {
+			empty = f.Name
+		}
+	})
+	if empty != "" {
+		// The library would read it as the default name, not the one meant.
+		fmt.Fprintf(fs.Output(), "%s: -%s given empty\n", fs.Name(), empty)
+		fs.Usage()
+		return 2
+	}
 	return -1
 }
+
+// nonEmpty are the flags naming part of the topology: given, they must name something.
+var nonEmpty = map[string]bool{"prefix": true, "history": true, "ingest-consumer": true, "ingest-group": true}
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mqctl <command> [flags]")
