@@ -254,7 +254,8 @@ type DeadLetterManager interface {
 	// tenant wraps ErrInvalidTenant; a bad cursor or limit ErrInvalidConfig.
 	DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) (page []*Message, next string, err error)
 	// Redrive publishes the selected parked events again, oldest first, each to its
-	// own topic with its own headers but not the Mq-Dead-* ones, as Publish does
+	// own topic with its own headers but not the Mq-Dead-* ones, and with the
+	// Message.ID it had before its park (see HeaderEventID), as Publish does
 	// (budgets included: ErrQueueFull stops it, and the rest stays parked). Each is
 	// published with an idempotency key made from its park, so a redrive retried after
 	// a failure stores it once (within the partitions' duplicate window), and removed

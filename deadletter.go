@@ -24,11 +24,14 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	if msg == nil || msg.key == "" {
 		return fmt.Errorf("%w: dead letter: the message has no topic key", ErrInvalidTopic)
 	}
-	base := make(Headers, len(msg.Headers))
+	base := make(Headers, len(msg.Headers)+1)
 	for k, v := range msg.Headers {
 		if !reserved(k) {
 			base[k] = v
 		}
+	}
+	if _, ok := base[HeaderEventID]; !ok && msg.ID != "" {
+		base[HeaderEventID] = []string{msg.ID} // for a redrive to keep
 	}
 	// The key's first token is the tenant, also for a key this package did not write:
 	// DeadLetterCounts counts that park under the same tenant.

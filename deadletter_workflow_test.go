@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -306,4 +308,53 @@ func TestEmbeddedNATS_TwoRedrivesOfOneTableAtOnceStoreEachOnceAndNeitherFails(t 
 	assert.Equal(t, parks, total, "the two calls count each event once")
 	assert.Equal(t, before+parks, partitionLastSeq(t, e.core, "acme"), "each event stored once")
 	assert.Equal(t, uint64(0), parkedCount(t, e, "acme", "orders"), "nothing stays parked")
+}
+
+// TestEmbeddedNATS_ARedrivenEventKeepsItsMessageID: the redrive stores the event under a
+// key of its park (a retried redrive stores it once), yet its deliveries carry the ID
+// the first ones did, keyed or not, so a handler's idempotent writes still match.
+func TestEmbeddedNATS_ARedrivenEventKeepsItsMessageID(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	topic := Topic{Tenant: "acme", Table: "orders"}
+	require.NoError(t, e.Publish(ctx, topic, []byte("keyed"), WithIdempotencyKey("order-1")))
+	require.NoError(t, e.Publish(ctx, topic, []byte("unkeyed")))
+	c, err := e.CreateConsumer(ctx, ConsumerConfig{MaxDeliveries: 1})
+	require.NoError(t, err)
+	type delivery struct{ data, id string }
+	got := make(chan delivery, 8)
+	var redriven atomic.Bool
+	stop, _, err := c.Consume(func(m *Message) error {
+		got <- delivery{string(m.Data), m.ID}
+		if !redriven.Load() {
+			return errors.New("poison, until redriven")
+		}
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	first := map[string]string{}
+	for range 2 {
+		d := <-got
+		first[d.data] = d.id
+	}
+	assert.Equal(t, "order-1", first["keyed"])
+	require.Eventually(t, func() bool {
+		counts, err := e.DeadLetterCounts(ctx, "acme", "")
+		return err == nil && counts.Total == 2
+	}, 20*time.Second, 20*time.Millisecond, "both were parked")
+	redriven.Store(true)
+	n, err := e.Redrive(ctx, "acme", DeadLetterSelector{All: true})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	for range 2 {
+		select {
+		case d := <-got:
+			assert.Equal(t, first[d.data], d.id, "the redriven %q's ID", d.data)
+		case <-ctx.Done():
+			t.Fatal("a redriven event never came")
+		}
+	}
 }

@@ -50,6 +50,13 @@ const (
 // returned an error (or panicked) on its last delivery allowed.
 const DeadReasonHandlerFailed = "handler-failed"
 
+// HeaderEventID carries an event's Message.ID where its idempotency key had to differ.
+// A park sets it to the parked event's ID, and a redrive, which stores the event under
+// a key of its park (so a retried redrive stores it once), keeps it: the redriven
+// event's deliveries carry the ID its first ones did, for idempotent writes. When
+// set, it is the Message.ID.
+const HeaderEventID = "Mq-Event-Id"
+
 // HeaderIdempotencyKey is the header WithIdempotencyKey sets. A broker stores at most
 // one event per key within its duplicate window and reports the repeats as success.
 const HeaderIdempotencyKey = "Nats-Msg-Id"

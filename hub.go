@@ -41,7 +41,8 @@ func (c *natsCore) deliveredInto(msg *Message, ctx context.Context, m jetstream.
 		ctx = context.Background()
 	}
 	*msg = Message{Ctx: ctx, Data: m.Data(), key: key, Timestamp: ts, Headers: userHeaders(m.Headers()),
-		ID: eventID(TenantID(tenant), m.Headers().Get(HeaderIdempotencyKey)), Attempt: attempt, Sequence: seq, settler: settler}
+		ID:      eventIDOr(m.Headers().Get(HeaderEventID), TenantID(tenant), m.Headers().Get(HeaderIdempotencyKey)),
+		Attempt: attempt, Sequence: seq, settler: settler}
 }
 
 // subscribe runs the hub: an ordered, ack-less consumer on the history from the next

@@ -87,6 +87,14 @@ func scopedID(tenant, key string) string { return tenant + "." + key }
 // caller's key without the tenant scope, or the broker's own id as it is (a nuid,
 // which never holds a '.', so never looks scoped).
 func eventID(tenant TenantID, msgID string) string {
+	return eventIDOr("", tenant, msgID)
+}
+
+// eventIDOr is eventID, unless the event carries its ID in HeaderEventID (set).
+func eventIDOr(set string, tenant TenantID, msgID string) string {
+	if set != "" {
+		return set
+	}
 	if key, ok := strings.CutPrefix(msgID, string(tenant)+"."); ok && tenant != "" {
 		return key
 	}
@@ -244,7 +252,7 @@ func (c *natsCore) ingestEvent(ctx context.Context, topic Topic, data []byte, op
 		return outgoing{}, err
 	}
 	if span.IsRecording() {
-		span.SetAttributes(semconv.MessagingMessageID(eventID(topic.Tenant, ev.header.Get(HeaderIdempotencyKey))))
+		span.SetAttributes(semconv.MessagingMessageID(eventIDOr(ev.header.Get(HeaderEventID), topic.Tenant, ev.header.Get(HeaderIdempotencyKey))))
 	}
 	ev.span = span
 	return ev, nil
