@@ -1,6 +1,7 @@
 package mqtest
 
 import (
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -22,6 +23,15 @@ func deadLetterWorkflowCases() []testCase {
 			run:       redriveByIDAndDelete,
 		},
 		{
+			name: "ARedrivenEventKeepsItsMessageID",
+			proves: "An event a handler parked (DeadLetter, then Ack) and a redrive brought back " +
+				"is delivered with the Message.ID of its first delivery, keyed or not, so a " +
+				"handler's writes made idempotent by it still match. Skipped for a broker " +
+				"without mq.DeadLetterManager.",
+			publishes: "a keyed and an unkeyed event on acme/orders, parked and redriven",
+			run:       redriveKeepsID,
+		},
+		{
 			name: "DeadLetterManagerTakesAnIDGivenTwiceAsOneEvent",
 			proves: "A selector naming one park twice redrives or deletes it once, counts it " +
 				"once and is no error (a retried or merged id list is common). Skipped for " +
@@ -29,6 +39,38 @@ func deadLetterWorkflowCases() []testCase {
 			publishes: "2 parks on acme/orders",
 			run:       sameIDTwice,
 		},
+	}
+}
+
+func redriveKeepsID(t *testing.T, h Harness) {
+	e := setup(t, h)
+	dm := deadLetterManager(t, e)
+	tp := topic(Acme, "orders", "")
+	e.publish(tp, "keyed", mq.WithIdempotencyKey("order-7"))
+	e.publish(tp, "unkeyed")
+	var parking atomic.Bool
+	parking.Store(true)
+	c := e.consume(mq.ConsumerConfig{}, func(m *mq.Message) error {
+		if parking.Load() {
+			if err := e.b.DeadLetter(e.ctx, m); err != nil {
+				return err
+			}
+		}
+		return e.ackEach(m)
+	})
+	first := map[string]string{}
+	for _, d := range next(t, c.deliveries, 2) {
+		first[d.data] = d.msg.ID
+	}
+	require.Equal(t, "order-7", first["keyed"], "a keyed event's ID is its key")
+	require.NotEmpty(t, first["unkeyed"], "an unkeyed event's ID")
+	assertCounts(t, map[string]uint64{"orders": 2}, 2, e.counts(Acme, ""), "both parked")
+	parking.Store(false)
+	n, err := dm.Redrive(e.ctx, Acme, mq.DeadLetterSelector{All: true})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	for _, d := range next(t, c.deliveries, 2) {
+		assert.Equal(t, first[d.data], d.msg.ID, "the redriven %q's ID", d.data)
 	}
 }
 

@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 116 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 117 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -463,6 +463,12 @@ import "slices"
 //     no longer parked, and deletes the rest; another tenant's park is never touched.
 //     Skipped for a broker without the interface. Publishes: parks on acme/orders and
 //     globex/orders.
+//
+//   - ARedrivenEventKeepsItsMessageID: An event a handler parked (DeadLetter, then Ack)
+//     and a redrive brought back is delivered with the Message.ID of its first
+//     delivery, keyed or not, so a handler's writes made idempotent by it still match.
+//     Skipped for a broker without mq.DeadLetterManager. Publishes: a keyed and an
+//     unkeyed event on acme/orders, parked and redriven.
 //
 //   - DeadLetterManagerTakesAnIDGivenTwiceAsOneEvent: A selector naming one park twice
 //     redrives or deletes it once, counts it once and is no error (a retried or merged

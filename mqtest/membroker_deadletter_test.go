@@ -47,6 +47,7 @@ func (b *memBroker) DeadLetter(ctx context.Context, msg *mq.Message, opts ...mq.
 	}
 	b.parkSeq++
 	ev.seq, ev.id, ev.stored = b.parkSeq, "park-"+strconv.FormatUint(b.parkSeq, 10), time.Now()
+	ev.parkedID = msg.ID // for a redrive to keep
 	b.parked = append(b.parked, ev)
 	return nil
 }
@@ -195,7 +196,7 @@ func (b *memBroker) takeParked(ctx context.Context, tenant mq.TenantID, sel mq.D
 	n := 0
 	for _, ev := range picked {
 		if redrive {
-			again := &memEvent{topic: ev.topic, key: ev.key, id: "mem-redrive-" + ev.id, data: ev.data, headers: mq.Headers{}, size: ev.size}
+			again := &memEvent{topic: ev.topic, key: ev.key, id: "mem-redrive-" + ev.id, msgID: ev.parkedID, data: ev.data, headers: mq.Headers{}, size: ev.size}
 			for k, vs := range ev.headers {
 				if !strings.HasPrefix(k, "Mq-Dead-") {
 					again.headers[k] = slices.Clone(vs)

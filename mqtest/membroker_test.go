@@ -1,6 +1,7 @@
 package mqtest_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,6 +63,8 @@ type memEvent struct {
 	topic    mq.Topic
 	key      string // topic key
 	id       string
+	msgID    string // the Message.ID its deliveries carry, when not id (a redriven event's)
+	parkedID string // a park's: the Message.ID of the event parked
 	data     []byte
 	headers  mq.Headers
 	stored   time.Time
@@ -289,7 +292,7 @@ func signal(ch chan struct{}) {
 
 // message builds the delivery of ev.
 func (ev *memEvent) message(ctx context.Context, attempt int, opts ...mq.MessageOpt) *mq.Message {
-	opts = append(opts, mq.WithTimestamp(ev.stored), mq.WithDelivery(ev.id, attempt, ev.seq),
+	opts = append(opts, mq.WithTimestamp(ev.stored), mq.WithDelivery(cmp.Or(ev.msgID, ev.id), attempt, ev.seq),
 		mq.WithMessageHeaders(maps.Clone(ev.headers)))
 	return mq.NewMessage(ctx, ev.topic, ev.data, opts...)
 }
