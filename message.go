@@ -130,8 +130,8 @@ func (m *Message) Nak() error {
 	return m.settler.Nak()
 }
 
-// NakWithDelay asks for the message to be delivered again, no sooner than delay (at
-// once for a delay of zero or less, as Nak).
+// NakWithDelay asks for the message to be delivered again, no sooner than delay; a
+// delay of zero or less is a plain Nak.
 func (m *Message) NakWithDelay(delay time.Duration) error {
 	if m.settler == nil {
 		return nil
