@@ -323,11 +323,11 @@ func TestEmbeddedNATS_ARedrivenEventKeepsItsMessageID(t *testing.T) {
 	require.NoError(t, e.Publish(ctx, topic, []byte("unkeyed")))
 	c, err := e.CreateConsumer(ctx, ConsumerConfig{MaxDeliveries: 1})
 	require.NoError(t, err)
-	type delivery struct{ data, id string }
+	type delivery struct{ data, id, header string }
 	got := make(chan delivery, 8)
 	var redriven atomic.Bool
 	stop, _, err := c.Consume(func(m *Message) error {
-		got <- delivery{string(m.Data), m.ID}
+		got <- delivery{string(m.Data), m.ID, m.Headers.Get(HeaderEventID)}
 		if !redriven.Load() {
 			return errors.New("poison, until redriven")
 		}
@@ -353,6 +353,7 @@ func TestEmbeddedNATS_ARedrivenEventKeepsItsMessageID(t *testing.T) {
 		select {
 		case d := <-got:
 			assert.Equal(t, first[d.data], d.id, "the redriven %q's ID", d.data)
+			assert.Empty(t, d.header, "the broker's own header shows in Headers, where a host could copy it to another event")
 		case <-ctx.Done():
 			t.Fatal("a redriven event never came")
 		}

@@ -50,11 +50,12 @@ const (
 // returned an error (or panicked) on its last delivery allowed.
 const DeadReasonHandlerFailed = "handler-failed"
 
-// HeaderEventID carries an event's Message.ID where its idempotency key had to differ.
-// A park sets it to the parked event's ID, and a redrive, which stores the event under
-// a key of its park (so a retried redrive stores it once), keeps it: the redriven
-// event's deliveries carry the ID its first ones did, for idempotent writes. When
-// set, it is the Message.ID.
+// HeaderEventID is the broker's own header carrying an event's Message.ID where its
+// idempotency key had to differ. A park sets it to the parked event's ID, and a
+// redrive, which stores the event under a key of its park (so a retried redrive stores
+// it once), keeps it: the redriven event's deliveries carry the ID its first ones did,
+// for idempotent writes. No Message.Headers shows it, and a Publish carrying it is
+// refused with ErrInvalidHeader, so no other event can take that ID.
 const HeaderEventID = "Mq-Event-Id"
 
 // HeaderIdempotencyKey is the header WithIdempotencyKey sets. A broker stores at most

@@ -372,6 +372,13 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 		rows = append(rows, inputRow{name: c.op + " with a nil context", call: c.call, want: ErrInvalidConfig, says: "nil context"})
 	}
 	rows = append(rows,
+		inputRow{name: "Publish with the broker's event ID header", want: ErrInvalidHeader, says: "Mq-Event-Id",
+			call: func() error { return r.b.Publish(ctx, topic, x, WithHeader(HeaderEventID, "someone-elses")) }},
+		inputRow{name: "PublishBatch with the broker's event ID header", want: ErrInvalidHeader, says: "Mq-Event-Id",
+			call: func() error {
+				return r.b.PublishBatch(ctx, Batch{Tenant: tenant, Events: []BatchEvent{{Table: "t", Data: x,
+					Options: []PublishOpt{WithHeader(HeaderEventID, "someone-elses")}}}})
+			}},
 		inputRow{name: "Publish with a nil option", want: ErrInvalidConfig, says: "option 1 is nil",
 			call: func() error { return r.b.Publish(ctx, topic, x, WithHeader("X-A", "a"), nil) }},
 		inputRow{name: "PublishBatch with a nil option", want: ErrInvalidConfig, says: "option 0 is nil",

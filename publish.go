@@ -59,6 +59,9 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	if err := validateHeaders(h); err != nil {
 		return outgoing{}, err
 	}
+	if _, ok := h[HeaderEventID]; ok && ctx.Value(eventIDCarrier{}) == nil {
+		return outgoing{}, fmt.Errorf("%w: %q is the broker's own (a park and a redrive carry the event's ID in it)", ErrInvalidHeader, HeaderEventID)
+	}
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier(h))
 	id := nuid.Next()
 	if key := h.Get(HeaderIdempotencyKey); key != "" {
@@ -181,11 +184,21 @@ func reserved(k string) bool {
 	return len(k) >= len(reservedHeaderPrefix) && strings.EqualFold(k[:len(reservedHeaderPrefix)], reservedHeaderPrefix)
 }
 
-// userHeaders copies h without the broker's own "Nats-" bookkeeping headers.
+// eventIDCarrier marks the context of a park or a redrive, the only sends that may
+// carry HeaderEventID: one a host set, or copied from a delivery, would give another
+// event that ID.
+type eventIDCarrier struct{}
+
+func carryingEventID(ctx context.Context) context.Context {
+	return context.WithValue(ctx, eventIDCarrier{}, true)
+}
+
+// userHeaders copies h without the broker's own headers: the "Nats-" bookkeeping ones
+// and HeaderEventID.
 func userHeaders(h nats.Header) Headers {
 	out := make(Headers, len(h))
 	for k, v := range h {
-		if reserved(k) {
+		if reserved(k) || k == HeaderEventID {
 			continue
 		}
 		out[k] = v
