@@ -251,7 +251,8 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 
 // boot creates the topology and restores what the store holds.
 func (e *EmbeddedNATS) boot(ctx context.Context) error {
-	if err := e.checkPartitions(ctx); err != nil {
+	removed, err := e.checkPartitions(ctx)
+	if err != nil {
 		return err
 	}
 	for p := range e.topo.Partitions {
@@ -285,6 +286,9 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
 	}
 	e.kv = kv
+	if err := e.forgetPartitions(ctx, removed); err != nil {
+		return err
+	}
 	if err := e.watchBudgets(ctx); err != nil {
 		return err
 	}

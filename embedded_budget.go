@@ -16,7 +16,7 @@ import (
 // The per-tenant budgets of EmbeddedNATS: the bucket that keeps them, the backlog
 // rebuilt at boot, and the settler that gives an event's bytes back on ack.
 
-func (e *EmbeddedNATS) budgetBucket() string { return strings.ToUpper(e.topo.Prefix) + "_BUDGETS" }
+func (e *EmbeddedNATS) budgetBucket() string { return e.topo.budgetBucket() }
 
 // watchBudgets enforces the budgets the store holds and keeps following the bucket
 // until the broker shuts down: a write whose answer was lost (SetMaxBytes returned an

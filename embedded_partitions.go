@@ -1,10 +1,10 @@
 package mq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,16 +13,18 @@ import (
 )
 
 // checkPartitions compares the partitions a store holds with the topology's count. A
-// tenant's partition is its hash modulo N, so a changed N strands the events on a
-// partition beyond the new count (no worker pulls it) and splits a tenant's events
-// across two partitions (consumed side by side, out of order). Both are refused while
-// any partition holds an event; once every one is empty the change is safe, and the
-// partitions beyond the new count are removed.
-func (e *EmbeddedNATS) checkPartitions(ctx context.Context) error {
-	held := map[string]uint64{}
-	var beyond []string
+// tenant's partition is its hash modulo N, so events written under another count would
+// be stranded on a partition beyond the new one (no worker pulls it) or split a tenant
+// across two partitions (consumed side by side, out of order). Each partition records
+// the count it was written under; one holding events under another count than N is
+// refused. Empty partitions beyond N are removed, with their record of acknowledged
+// events, whatever the others hold: an earlier version left them behind when the count
+// went down.
+func (e *EmbeddedNATS) checkPartitions(ctx context.Context) (removed []int, err error) {
+	var refused []string
+	beyond := map[string]int{}
 	prefix := strings.TrimSuffix(e.topo.PartitionStream(0), "0")
-	changed := false
+	want := strconv.Itoa(e.topo.Partitions)
 	names := e.js.StreamNames(ctx)
 	for name := range names.Name() {
 		suffix, ok := strings.CutPrefix(name, prefix)
@@ -35,38 +37,44 @@ func (e *EmbeddedNATS) checkPartitions(ctx context.Context) error {
 		}
 		s, err := e.js.Stream(ctx, name)
 		if err != nil {
-			return fmt.Errorf("stream %s: %w", name, err)
+			return nil, fmt.Errorf("stream %s: %w", name, err)
 		}
 		info := s.CachedInfo()
-		if info.State.Msgs > 0 {
-			held[name] = info.State.Msgs
-		}
-		if p >= e.topo.Partitions {
-			beyond = append(beyond, name)
-			changed = true
-		} else if n, ok := info.Config.Metadata[metaPartitions]; ok && n != strconv.Itoa(e.topo.Partitions) {
-			changed = true
+		written, known := info.Config.Metadata[metaPartitions]
+		switch {
+		case info.State.Msgs > 0 && (p >= e.topo.Partitions || known && written != want):
+			refused = append(refused, fmt.Sprintf("%s holds %d written under %s partitions", name, info.State.Msgs, cmp.Or(written, "more")))
+		case p >= e.topo.Partitions:
+			beyond[name] = p
 		}
 	}
 	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
-		return fmt.Errorf("list streams: %w", err)
+		return nil, fmt.Errorf("list streams: %w", err)
 	}
-	if !changed {
-		return nil
+	if len(refused) > 0 {
+		slices.Sort(refused)
+		return nil, fmt.Errorf("%w: Partitions %d, but the store holds events written under another count (%s): "+
+			"open it with that count until a worker drained them and the history copied them, then change it",
+			ErrInvalidConfig, e.topo.Partitions, strings.Join(refused, ", "))
 	}
-	if len(held) > 0 {
-		var parts []string
-		for _, name := range slices.Sorted(maps.Keys(held)) {
-			parts = append(parts, fmt.Sprintf("%s holds %d", name, held[name]))
-		}
-		return fmt.Errorf("%w: the store holds partitions of another count than Partitions %d, and events on them (%s): "+
-			"open it with its count until a worker drained them and the history copied them, then change it", ErrInvalidConfig, e.topo.Partitions, strings.Join(parts, ", "))
-	}
-	for _, name := range beyond {
+	for name, p := range beyond {
 		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("remove empty partition %s beyond Partitions %d: %w", name, e.topo.Partitions, err)
+			return removed, fmt.Errorf("remove empty partition %s beyond Partitions %d: %w", name, e.topo.Partitions, err)
 		}
 		e.log.Info("mq: removed an empty partition beyond the topology's count", "stream", name, "partitions", e.topo.Partitions)
+		removed = append(removed, p)
+	}
+	return removed, nil
+}
+
+// forgetPartitions drops the records of acknowledged events of the partitions
+// checkPartitions removed: one recreated later starts again from sequence 1, and the
+// old record would count its new events as acknowledged.
+func (e *EmbeddedNATS) forgetPartitions(ctx context.Context, removed []int) error {
+	for _, p := range removed {
+		if err := e.kv.Delete(ctx, ackedKey(p)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("budget bucket %s: %s: %w", e.budgetBucket(), ackedKey(p), err)
+		}
 	}
 	return nil
 }

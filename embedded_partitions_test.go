@@ -76,3 +76,30 @@ func TestEmbeddedNATS_AStoreIsReopenedWithAnotherPartitionCountOnlyOnceItsPartit
 	require.NoError(t, e.Publish(ctx, Topic{Tenant: "tenant-3", Table: "t"}, []byte("after")))
 	assert.Equal(t, []string{"after"}, drain(t, e, 1))
 }
+
+// TestEmbeddedNATS_EmptyPartitionsAnEarlierCountLeftBehindGoWhileTheOthersKeepTheirEvents:
+// an earlier version, taking fewer partitions, left the ones beyond behind; once empty
+// they are removed with their record of acknowledged events, and the partitions the
+// count keeps go on holding their events.
+func TestEmbeddedNATS_EmptyPartitionsAnEarlierCountLeftBehindGoWhileTheOthersKeepTheirEvents(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	e := openEmbedded(t, dir)
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte("kept")))
+	// What an earlier version left: an empty partition 5 of 6, and its record.
+	six := e.topo
+	six.Partitions = 6
+	_, err := e.js.CreateStream(ctx, six.partitionConfig(5))
+	require.NoError(t, err)
+	_, err = e.kv.Put(ctx, ackedKey(5), []byte("3-4"))
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+
+	e = openEmbedded(t, dir)
+	_, err = e.js.Stream(ctx, e.topo.PartitionStream(5))
+	assert.ErrorIs(t, err, jetstream.ErrStreamNotFound, "the empty partition left behind")
+	_, err = e.kv.Get(ctx, ackedKey(5))
+	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "its record of acknowledged events")
+	assert.Equal(t, []string{"kept"}, drain(t, e, 1))
+}

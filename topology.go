@@ -61,12 +61,13 @@ type NATSTopology struct {
 	// HistoryMaxAge is how long the history keeps events: at least the longest gap
 	// window served. Default 15m.
 	HistoryMaxAge time.Duration
-	// HistoryMaxBytes bounds the history. Default 20 GiB.
+	// HistoryMaxBytes bounds the history. Default 20 GiB; -1 is no limit (max_age
+	// alone bounds it).
 	HistoryMaxBytes int64
 	// DeadLetterMaxBytes bounds the dead-letter stream. Default 5 GiB.
 	DeadLetterMaxBytes int64
 	// DeadLetterMaxMsgsPerSubject caps one topic's parked events, so a flood from one
-	// topic evicts only its own. Default 100,000.
+	// topic evicts only its own. Default 100,000; -1 is no limit.
 	DeadLetterMaxMsgsPerSubject int64
 }
 
@@ -173,7 +174,8 @@ func (t NATSTopology) check() error {
 		return fmt.Errorf("nats topology: ingest group %q is not a valid priority group name (1 to 16 of [a-zA-Z0-9/_=-])", t.IngestGroup)
 	case !validName(t.HistoryStream):
 		return fmt.Errorf("nats topology: history stream %q is not a valid stream name (1 to %d bytes of UTF-8, no control character, blank, '.', '*', '>', '/' or '\\')", t.HistoryStream, maxNameLen)
-	case len(t.PartitionStream(t.Partitions-1)) > maxNameLen, len(t.DeadLetterStream()) > maxNameLen:
+	case len(t.PartitionStream(t.Partitions-1)) > maxNameLen, len(t.DeadLetterStream()) > maxNameLen,
+		len("KV_"+t.budgetBucket()) > maxNameLen:
 		return fmt.Errorf("nats topology: prefix %q makes stream names longer than JetStream's %d bytes", t.Prefix, maxNameLen)
 	case t.PublishTimeout < 0, t.AckWait < 0, t.PinnedTTL < 0, t.DuplicateWindow < 0, t.HistoryMaxAge < 0:
 		return fmt.Errorf("nats topology: durations must not be negative")
@@ -181,12 +183,16 @@ func (t NATSTopology) check() error {
 		return fmt.Errorf("nats topology: publish timeout %s is above %s: the partitions would keep every event's id for three times as long", t.PublishTimeout, maxPublishTimeout)
 	case t.MaxAckPending < 0, t.Prefetch < 0, t.Replicas < 0:
 		return fmt.Errorf("nats topology: counts must not be negative")
-	case t.PartitionMaxBytes < 0, t.MaxMsgsPerSubject < 0, t.HistoryMaxBytes < 0, t.DeadLetterMaxBytes < 0, t.DeadLetterMaxMsgsPerSubject < 0:
+	case t.PartitionMaxBytes < 0, t.MaxMsgsPerSubject < 0, t.DeadLetterMaxBytes < 0:
 		// JetStream reads -1 as "no limit": the partitions' limits are what refuses a
-		// publish with ErrQueueFull before the disk fills.
-		return fmt.Errorf("nats topology: stream limits must not be negative (partition max bytes %d, max msgs per subject %d, "+
-			"history max bytes %d, dead-letter max bytes %d, dead-letter max msgs per subject %d)", t.PartitionMaxBytes,
-			t.MaxMsgsPerSubject, t.HistoryMaxBytes, t.DeadLetterMaxBytes, t.DeadLetterMaxMsgsPerSubject)
+		// publish with ErrQueueFull before the disk fills, the partitions discard new
+		// per subject only under a cap, and a dead-letter stream without a byte bound
+		// fills the disk with one flood.
+		return fmt.Errorf("nats topology: partition max bytes %d, max msgs per subject %d and dead-letter max bytes %d must not be negative",
+			t.PartitionMaxBytes, t.MaxMsgsPerSubject, t.DeadLetterMaxBytes)
+	case t.HistoryMaxBytes < -1, t.DeadLetterMaxMsgsPerSubject < -1:
+		return fmt.Errorf("nats topology: history max bytes %d and dead-letter max msgs per subject %d must be -1 (no limit) or more",
+			t.HistoryMaxBytes, t.DeadLetterMaxMsgsPerSubject)
 	case t.Replicas > maxReplicas:
 		return fmt.Errorf("nats topology: replicas %d is more than JetStream's %d", t.Replicas, maxReplicas)
 	case t.DuplicateWindow < t.minDuplicateWindow():
@@ -244,6 +250,9 @@ func (t NATSTopology) minDuplicateWindow() time.Duration {
 	}
 	return (publishRetries+1)*timeout + publishRetries*publishRetryWait
 }
+
+// budgetBucket names the key-value bucket of EmbeddedNATS's budgets.
+func (t NATSTopology) budgetBucket() string { return strings.ToUpper(t.Prefix) + "_BUDGETS" }
 
 func (t NATSTopology) subjects() subjects { return subjects{prefix: t.Prefix, n: t.Partitions} }
 

@@ -196,11 +196,12 @@ func TestNATSTopologyValidate_RefusesWhatCannotWork(t *testing.T) {
 		{"history with DEL", NATSTopology{HistoryStream: "H\x7f"}, "history stream"},
 		{"a prefix making stream names too long", NATSTopology{Prefix: strings.Repeat("p", 250)}, "255"},
 		{"a prefix making partition names too long", NATSTopology{Prefix: strings.Repeat("p", 248), HistoryStream: "H"}, "longer than JetStream's 255"},
-		{"negative partition max bytes", NATSTopology{PartitionMaxBytes: -5}, "stream limits must not be negative"},
-		{"negative max msgs per subject", NATSTopology{MaxMsgsPerSubject: -5}, "stream limits must not be negative"},
-		{"negative history max bytes", NATSTopology{HistoryMaxBytes: -1}, "stream limits must not be negative"},
-		{"negative dead-letter max bytes", NATSTopology{DeadLetterMaxBytes: -5}, "stream limits must not be negative"},
-		{"negative dead-letter max msgs per subject", NATSTopology{DeadLetterMaxMsgsPerSubject: -5}, "stream limits must not be negative"},
+		{"negative partition max bytes", NATSTopology{PartitionMaxBytes: -1}, "must not be negative"},
+		{"negative max msgs per subject", NATSTopology{MaxMsgsPerSubject: -1}, "must not be negative"},
+		{"negative dead-letter max bytes", NATSTopology{DeadLetterMaxBytes: -1}, "must not be negative"},
+		{"history max bytes below no limit", NATSTopology{HistoryMaxBytes: -2}, "must be -1 (no limit) or more"},
+		{"dead-letter max msgs per subject below no limit", NATSTopology{DeadLetterMaxMsgsPerSubject: -5}, "must be -1 (no limit) or more"},
+		{"a prefix making the budget bucket's name too long", NATSTopology{Prefix: strings.Repeat("p", 245), HistoryStream: "H"}, "longer than JetStream's 255"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -517,5 +518,16 @@ func TestNATSTopologyPartitionConfig_MetadataNamesEveryPartitionOfN(t *testing.T
 	want := []string{"0", "1", "10", "11", "2", "3", "4", "5", "6", "7", "8", "9"}
 	if !slices.Equal(keys, want) {
 		t.Errorf("partition metadata %v, want %v", keys, want)
+	}
+}
+
+func TestNATSTopologyValidate_AcceptsNoLimitWhereTheVerifierOnlyAdvisesOne(t *testing.T) {
+	for name, top := range map[string]NATSTopology{
+		"history bounded by age alone":           {HistoryMaxBytes: -1},
+		"dead-letter topics without a count cap": {DeadLetterMaxMsgsPerSubject: -1},
+	} {
+		if err := top.Validate(); err != nil {
+			t.Errorf("%s: Validate() = %v", name, err)
+		}
 	}
 }
