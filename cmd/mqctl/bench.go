@@ -123,7 +123,7 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	broker, err := mq.NewNATS(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "mqctl bench: %v\n", err)
-		return 1
+		return connectExit(err)
 	}
 	defer broker.Close()
 	// ExternalNATS records budgets without enforcing them (the tenants of a partition

@@ -30,7 +30,7 @@ func runCheck(ctx context.Context, e *env, args []string) int {
 	findings, err := mq.CheckNATS(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "mqctl check: %v\n", err)
-		return 1
+		return connectExit(err)
 	}
 	required := 0
 	for _, f := range findings {

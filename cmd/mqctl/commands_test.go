@@ -4,8 +4,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/wavehouse/mq"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -79,5 +82,35 @@ func TestCheckPrintsEveryFindingAndFailsOnARequiredOne(t *testing.T) {
 	}
 	if code, _, stderr := runArgs(t, "check", "-url", "nats://u:secret@127.0.0.1:1"); code != 2 || strings.Contains(stderr, "secret") {
 		t.Fatalf("inline credentials: exit %d, stderr %s", code, stderr)
+	}
+}
+
+// TestAConfigurationTheLibraryFindsWrongWhenDialingIsAUsageError: a secret file that is
+// no secret, or a CA that is no certificate, is found only as the connection is made,
+// yet it is the operator's configuration, not the cluster, that is wrong: exit 2, and
+// the file's content is never echoed.
+func TestAConfigurationTheLibraryFindsWrongWhenDialingIsAUsageError(t *testing.T) {
+	e, err := mq.NewEmbedded(t.Context(), mq.EmbeddedOptions{StoreDir: t.TempDir(), ListenAddr: "127.0.0.1:0", NoSync: true,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	junk := filepath.Join(t.TempDir(), "junk")
+	if err := os.WriteFile(junk, []byte("not-a-secret-Zq8x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"check", "-url", e.ClientURL(), "-nkey-seed-file", junk, "-wait", "3s"},
+		{"check", "-url", e.ClientURL(), "-creds-file", junk, "-wait", "3s"},
+		{"status", "-once", "-url", e.ClientURL(), "-tls-ca", junk},
+	} {
+		code, _, stderr := runArgs(t, args...)
+		if code != 2 || !strings.Contains(stderr, "invalid config") {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 naming an invalid config", args[:3], code, stderr)
+		}
+		if strings.Contains(stderr, "Zq8x") {
+			t.Errorf("%v: the file's content is in the error: %q", args[:3], stderr)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -73,4 +74,14 @@ func (f *natsFlags) config(fs *flag.FlagSet) (cfg mq.NATSConfig, ok bool) {
 		return mq.NATSConfig{}, false
 	}
 	return cfg, true
+}
+
+// connectExit is the exit code of a failed connection: 2 when the library found the
+// configuration wrong (a malformed secret file, a CA that is no certificate, credentials
+// the server refused), as for the usage errors found before dialing; 1 otherwise.
+func connectExit(err error) int {
+	if errors.Is(err, mq.ErrInvalidConfig) {
+		return 2
+	}
+	return 1
 }

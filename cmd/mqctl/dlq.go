@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -91,7 +92,7 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 	b, err := mq.NewNATS(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "mqctl dlq %s: %v\n", sub, err)
-		return 1
+		return connectExit(err)
 	}
 	defer b.Close()
 	tenant := mq.TenantID(f.tenant)
@@ -156,6 +157,10 @@ func (f *dlqFlags) selector(sub string) (mq.DeadLetterSelector, string) {
 	if f.ids != "" {
 		for id := range strings.SplitSeq(f.ids, ",") {
 			if id = strings.TrimSpace(id); id != "" {
+				// An id is a sequence on the dead-letter stream, as ls prints it.
+				if n, err := strconv.ParseUint(id, 10, 64); err != nil || n == 0 {
+					return sel, fmt.Sprintf("-id %q: %q is no parked event's id (a sequence, as ls prints)", f.ids, id)
+				}
 				sel.IDs = append(sel.IDs, id)
 			}
 		}

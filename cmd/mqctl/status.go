@@ -50,7 +50,7 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 	b, err := mq.NewNATS(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "mqctl status: %v\n", err)
-		return 1
+		return connectExit(err)
 	}
 	defer b.Close()
 	live := !*once && isTerminal(e.stdout)
