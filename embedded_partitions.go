@@ -58,13 +58,45 @@ func (e *EmbeddedNATS) checkPartitions(ctx context.Context) (removed []int, err 
 			ErrInvalidConfig, e.topo.Partitions, strings.Join(refused, ", "))
 	}
 	for name, p := range beyond {
-		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return removed, fmt.Errorf("remove empty partition %s beyond Partitions %d: %w", name, e.topo.Partitions, err)
+		if err := e.retire(ctx, name, p); err != nil {
+			return removed, err
 		}
-		e.log.Info("mq: removed an empty partition beyond the topology's count", "stream", name, "partitions", e.topo.Partitions)
 		removed = append(removed, p)
 	}
 	return removed, nil
+}
+
+// retire removes the empty partition p beyond the count. A client of the listener
+// still using the old count could publish into it after it was found empty, so it
+// first stops taking its subjects, then is looked at again: one that took an event
+// meanwhile gets its subjects back and is refused as any partition holding events.
+func (e *EmbeddedNATS) retire(ctx context.Context, name string, p int) error {
+	s, err := e.js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", name, err)
+	}
+	cfg := s.CachedInfo().Config
+	retired := cfg
+	retired.Subjects = []string{e.topo.Prefix + ".retired." + strconv.Itoa(p)}
+	if _, err := e.js.UpdateStream(ctx, retired); err != nil {
+		return fmt.Errorf("retire empty partition %s beyond Partitions %d: %w", name, e.topo.Partitions, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", name, err)
+	}
+	if n := info.State.Msgs; n > 0 {
+		if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %s took %d events while being retired, and its subjects could not be restored: %w", name, n, err)
+		}
+		return fmt.Errorf("%w: Partitions %d, but %s took %d events meanwhile: open the store with its count until a worker drained them",
+			ErrInvalidConfig, e.topo.Partitions, name, n)
+	}
+	if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("remove empty partition %s beyond Partitions %d: %w", name, e.topo.Partitions, err)
+	}
+	e.log.Info("mq: removed an empty partition beyond the topology's count", "stream", name, "partitions", e.topo.Partitions)
+	return nil
 }
 
 // forgetPartitions drops the records of acknowledged events of the partitions

@@ -92,6 +92,8 @@ func TestEmbeddedNATS_EmptyPartitionsAnEarlierCountLeftBehindGoWhileTheOthersKee
 	six.Partitions = 6
 	_, err := e.js.CreateStream(ctx, six.partitionConfig(5))
 	require.NoError(t, err)
+	_, err = e.js.CreateOrUpdateConsumer(ctx, six.PartitionStream(5), six.ingestConsumerConfig(5))
+	require.NoError(t, err)
 	_, err = e.kv.Put(ctx, ackedKey(5), []byte("3-4"))
 	require.NoError(t, err)
 	require.NoError(t, e.Close())
