@@ -25,8 +25,10 @@ func (e *EmbeddedNATS) checkPartitions(ctx context.Context) (removed []int, err 
 	beyond := map[string]int{}
 	prefix := strings.TrimSuffix(e.topo.PartitionStream(0), "0")
 	want := strconv.Itoa(e.topo.Partitions)
-	names := e.js.StreamNames(ctx)
-	for name := range names.Name() {
+	// One listing with every stream's state, not a request per partition.
+	streams := e.js.ListStreams(ctx)
+	for info := range streams.Info() {
+		name := info.Config.Name
 		suffix, ok := strings.CutPrefix(name, prefix)
 		if !ok {
 			continue
@@ -35,11 +37,6 @@ func (e *EmbeddedNATS) checkPartitions(ctx context.Context) (removed []int, err 
 		if err != nil || p < 0 || e.topo.PartitionStream(p) != name {
 			continue
 		}
-		s, err := e.js.Stream(ctx, name)
-		if err != nil {
-			return nil, fmt.Errorf("stream %s: %w", name, err)
-		}
-		info := s.CachedInfo()
 		written, known := info.Config.Metadata[metaPartitions]
 		switch {
 		case info.State.Msgs > 0 && (p >= e.topo.Partitions || known && written != want):
@@ -48,7 +45,7 @@ func (e *EmbeddedNATS) checkPartitions(ctx context.Context) (removed []int, err 
 			beyond[name] = p
 		}
 	}
-	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+	if err := streams.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
 		return nil, fmt.Errorf("list streams: %w", err)
 	}
 	if len(refused) > 0 {
