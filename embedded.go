@@ -249,92 +249,6 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	return nil
 }
 
-// boot creates the topology and restores what the store holds.
-func (e *EmbeddedNATS) boot(ctx context.Context) error {
-	removed, err := e.checkPartitions(ctx)
-	if err != nil {
-		return err
-	}
-	for p := range e.topo.Partitions {
-		cfg := e.topo.partitionConfig(p)
-		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("stream %s: %w", cfg.Name, err)
-		}
-		// The durable comes before any publish: an interest stream stores a publish
-		// nowhere when no consumer's filter covers it. An existing one is updated in
-		// place, keeping its ack floor and pending events: that is how a store an
-		// earlier version wrote, whose durable has no priority policy, gets pinned.
-		if _, err := e.js.CreateOrUpdateConsumer(ctx, cfg.Name, e.topo.ingestConsumerConfig(p)); err != nil {
-			return fmt.Errorf("consumer %s/%s: %w", cfg.Name, e.topo.IngestConsumer, err)
-		}
-		if err := e.migrateIngestConsumer(ctx, cfg.Name); err != nil {
-			return err
-		}
-	}
-	for _, cfg := range []jetstream.StreamConfig{e.topo.historyConfig(), e.topo.deadLetterConfig()} {
-		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("stream %s: %w", cfg.Name, err)
-		}
-	}
-	kv, err := e.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      e.budgetBucket(),
-		Description: "per-tenant byte budgets of the embedded mq broker",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-	})
-	if err != nil {
-		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
-	}
-	e.kv = kv
-	if err := e.forgetPartitions(ctx, removed); err != nil {
-		return err
-	}
-	if err := e.watchBudgets(ctx); err != nil {
-		return err
-	}
-	e.doubtful = make([][]uint64, e.topo.Partitions)
-	for p := range e.topo.Partitions {
-		if err := e.rebuildBacklog(ctx, p); err != nil {
-			return err
-		}
-	}
-	e.doubtfulEnd, e.doubtfulDone = make(chan struct{}), make(chan struct{})
-	go e.releaseDoubtful()
-	e.awaitSources(ctx)
-	return nil
-}
-
-// awaitSources waits, bounded, until the history has attached every partition: an
-// event acknowledged before its source attached would never reach the history.
-func (e *EmbeddedNATS) awaitSources(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, sourceAttachWait)
-	defer cancel()
-	for {
-		if attached, err := e.sourcesAttached(ctx); err == nil && attached {
-			return
-		}
-		if sleepCtx(ctx, 20*time.Millisecond) != nil {
-			e.log.Warn("mq: the history has not attached every partition yet", "stream", e.topo.HistoryStream)
-			return
-		}
-	}
-}
-
-func (e *EmbeddedNATS) sourcesAttached(ctx context.Context) (bool, error) {
-	stream, err := e.js.Stream(ctx, e.topo.HistoryStream)
-	if err != nil {
-		return false, err
-	}
-	seen := 0
-	for _, src := range stream.CachedInfo().Sources {
-		if src.Active < 0 {
-			return false, nil
-		}
-		seen++
-	}
-	return seen == e.topo.Partitions, nil
-}
-
 // ClientURL returns the URL NATS clients reach the server at, or "" without a
 // listener.
 func (e *EmbeddedNATS) ClientURL() string {
@@ -342,56 +256,6 @@ func (e *EmbeddedNATS) ClientURL() string {
 		return ""
 	}
 	return e.srv.ClientURL()
-}
-
-// Publish stores data on the tenant's partition once it fits the tenant's budget. The
-// bytes it reserves are given back on every way out that stored nothing, a panic
-// included.
-func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) (err error) {
-	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
-	if err != nil {
-		return err
-	}
-	defer func() { ev.span.end(err) }()
-	p := e.partitionOf[ev.stream]
-	keyedID := ""
-	if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
-		keyedID = id
-	}
-	size := eventSize(ev.subject, ev.header, len(data))
-	r, err := e.budgets.reserve(topic.Tenant, p, keyedID, size, time.Now())
-	if err != nil {
-		return fmt.Errorf("publish %s: %w", ev.subject, err)
-	}
-	if e.commits != nil {
-		return e.commits.publish(ctx, p, ev, r)
-	}
-	defer e.budgets.cancel(r) // a panic in the send gives r back
-	ack, err := e.core.send(ctx, ev)
-	s := stored{err: err}
-	if err == nil {
-		s.seq, s.dup = ack.Sequence, ack.Duplicate
-	}
-	e.settleReserved(p, r, s)
-	return err
-}
-
-// settleReserved ends reservation r with the outcome s of its event on partition p:
-// a stored event holds it, a duplicate gives it back and counts the event it repeats
-// if nothing counts it yet. An error leaves the outcome unknown: the reservation is
-// given back, and a reopen counts what was stored.
-func (e *EmbeddedNATS) settleReserved(p int, r *reservation, s stored) {
-	switch {
-	case s.err != nil:
-		e.budgets.cancel(r)
-	case s.dup:
-		e.budgets.cancel(r)
-		ctx, cancel := context.WithTimeout(context.Background(), e.topo.PublishTimeout)
-		defer cancel()
-		e.adoptUncounted(ctx, eventRef{p, s.seq})
-	default:
-		e.budgets.commit(r, s.seq)
-	}
 }
 
 // Subscribe runs the hub: an ordered consumer on the history from now on.
@@ -422,31 +286,6 @@ func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (
 		}
 	}
 	return &worker{core: e.core, ctx: ctx, durable: durable, policy: policy}, nil
-}
-
-// DeadLetter parks msg on the dead-letter stream under its own topic.
-func (e *EmbeddedNATS) DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error {
-	return e.core.deadLetter(ctx, msg, opts)
-}
-
-// DeadLetterCounts counts tenant's parked events; a tenant never given a budget has no
-// queue and is ErrNoDeadLetterQueue, unless a host parked events of it (DeadLetter
-// takes a message of any tenant): those are counted.
-func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
-	if ctx == nil {
-		return DeadLetterCounts{}, errNilContext("dead-letter counts")
-	}
-	if err := e.core.checkOpen(); err != nil {
-		return DeadLetterCounts{}, err
-	}
-	if err := tenant.Validate(); err != nil {
-		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: %w", err)
-	}
-	counts, err := e.core.deadLetterCounts(ctx, tenant, table)
-	if _, ok := e.budgets.limit(tenant); !ok && err == nil && counts.Total == 0 {
-		return DeadLetterCounts{}, fmt.Errorf("dead-letter counts: tenant %s was never given a budget: %w", tenant, ErrNoDeadLetterQueue)
-	}
-	return counts, err
 }
 
 // ReplaySince replays topic from the history.
@@ -587,56 +426,3 @@ func (l serverLogger) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf
 func (l serverLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
 func (l serverLogger) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l serverLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
-
-// DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].
-func (e *EmbeddedNATS) DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) ([]*Message, string, error) {
-	return e.core.listDeadLetters(ctx, tenant, q)
-}
-
-// Redrive publishes the selected parked events again through Publish and removes each
-// once stored; see [DeadLetterManager].
-func (e *EmbeddedNATS) Redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
-	return e.core.redrive(ctx, tenant, sel, e.Publish)
-}
-
-// DeleteDeadLetters removes the selected parked events; see [DeadLetterManager].
-func (e *EmbeddedNATS) DeleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
-	return e.core.deleteDeadLetters(ctx, tenant, sel)
-}
-
-// PublishBatch stores b's events on the tenant's partition (see [BatchPublisher]),
-// the tenant's budget reserved for the whole batch before anything is sent. As in
-// Publish, what a panic leaves unsettled is given back.
-func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
-	out, err := e.core.prepareBatch(ctx, b)
-	if err != nil || len(out.events) == 0 {
-		return err
-	}
-	defer func() { out.span.end(err) }()
-	keyedIDs := make([]string, len(out.events))
-	sizes := make([]int64, len(out.events))
-	for i, ev := range out.events {
-		if id := ev.header.Get(HeaderIdempotencyKey); callerKeyed(id) {
-			keyedIDs[i] = id
-		}
-		sizes[i] = eventSize(ev.subject, ev.header, len(ev.data))
-	}
-	rs, err := e.budgets.reserveBatch(b.Tenant, out.part, keyedIDs, sizes, time.Now())
-	if err != nil {
-		return fmt.Errorf("publish batch: %w", err)
-	}
-	// A panic in the send (a caller's ctx may do anything) gives back what was not
-	// settled yet; on the way out without a panic every reservation is settled.
-	settled := 0
-	defer func() {
-		for _, r := range rs[settled:] {
-			e.budgets.cancel(r)
-		}
-	}()
-	results := e.core.sendBatch(ctx, out)
-	for i, r := range results {
-		e.settleReserved(out.part, rs[i], r)
-		settled = i + 1
-	}
-	return batchError(results)
-}

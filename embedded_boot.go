@@ -1,0 +1,97 @@
+package mq
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Creating the topology at a start and waiting for the history to attach its sources.
+
+// boot creates the topology and restores what the store holds.
+func (e *EmbeddedNATS) boot(ctx context.Context) error {
+	removed, err := e.checkPartitions(ctx)
+	if err != nil {
+		return err
+	}
+	for p := range e.topo.Partitions {
+		cfg := e.topo.partitionConfig(p)
+		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+		// The durable comes before any publish: an interest stream stores a publish
+		// nowhere when no consumer's filter covers it. An existing one is updated in
+		// place, keeping its ack floor and pending events: that is how a store an
+		// earlier version wrote, whose durable has no priority policy, gets pinned.
+		if _, err := e.js.CreateOrUpdateConsumer(ctx, cfg.Name, e.topo.ingestConsumerConfig(p)); err != nil {
+			return fmt.Errorf("consumer %s/%s: %w", cfg.Name, e.topo.IngestConsumer, err)
+		}
+		if err := e.migrateIngestConsumer(ctx, cfg.Name); err != nil {
+			return err
+		}
+	}
+	for _, cfg := range []jetstream.StreamConfig{e.topo.historyConfig(), e.topo.deadLetterConfig()} {
+		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+	}
+	kv, err := e.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      e.budgetBucket(),
+		Description: "per-tenant byte budgets of the embedded mq broker",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("budget bucket %s: %w", e.budgetBucket(), err)
+	}
+	e.kv = kv
+	if err := e.forgetPartitions(ctx, removed); err != nil {
+		return err
+	}
+	if err := e.watchBudgets(ctx); err != nil {
+		return err
+	}
+	e.doubtful = make([][]uint64, e.topo.Partitions)
+	for p := range e.topo.Partitions {
+		if err := e.rebuildBacklog(ctx, p); err != nil {
+			return err
+		}
+	}
+	e.doubtfulEnd, e.doubtfulDone = make(chan struct{}), make(chan struct{})
+	go e.releaseDoubtful()
+	e.awaitSources(ctx)
+	return nil
+}
+
+// awaitSources waits, bounded, until the history has attached every partition: an
+// event acknowledged before its source attached would never reach the history.
+func (e *EmbeddedNATS) awaitSources(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, sourceAttachWait)
+	defer cancel()
+	for {
+		if attached, err := e.sourcesAttached(ctx); err == nil && attached {
+			return
+		}
+		if sleepCtx(ctx, 20*time.Millisecond) != nil {
+			e.log.Warn("mq: the history has not attached every partition yet", "stream", e.topo.HistoryStream)
+			return
+		}
+	}
+}
+
+func (e *EmbeddedNATS) sourcesAttached(ctx context.Context) (bool, error) {
+	stream, err := e.js.Stream(ctx, e.topo.HistoryStream)
+	if err != nil {
+		return false, err
+	}
+	seen := 0
+	for _, src := range stream.CachedInfo().Sources {
+		if src.Active < 0 {
+			return false, nil
+		}
+		seen++
+	}
+	return seen == e.topo.Partitions, nil
+}
