@@ -83,6 +83,7 @@ type unit struct {
 	released   bool              // everything held was taken to be handed back
 	handedBack chan struct{}     // closed once release finished
 	lastAcked  string            // the ack subject of the latest delivery acked (under dispatcher.mu)
+	acked      acked             // the sequences acked last (under dispatcher.mu)
 	// unsettled: release found events of u pending that it could not hand back
 	// (see release); the next owner must wait an ack wait for them.
 	unsettled atomic.Bool
@@ -230,6 +231,11 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 	d.core.deliveredInto(e.msg, d.ctx, m, ts, e.attempt, e.seq, &e.settle)
 	tenant, _, _ := strings.Cut(e.msg.key, ".") // a key's first token is its tenant
 	d.mu.Lock()
+	if e.attempt > 1 && u.acked.has(e.seq) {
+		d.mu.Unlock()
+		d.dropAcked(u, e)
+		return
+	}
 	defer d.mu.Unlock()
 	if d.over() || u.releasing.Load() {
 		d.late(u, e)
@@ -453,6 +459,7 @@ func (d *dispatcher) observe(u *unit, e *entry, kind settled, delay time.Duratio
 	case settledAck:
 		e.settles.Or(wasAcked)
 		u.lastAcked = e.m.Reply()
+		u.acked.add(e.seq)
 		delete(d.tries, eventRef{e.part, e.seq})
 	case settledNak:
 		e.settles.Or(wasNaked)

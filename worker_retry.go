@@ -92,7 +92,7 @@ func (d *dispatcher) giveUp(attempt context.Context, e *entry, t *tries) (hold b
 		d.core.log.Warn("mq: cannot acknowledge a parked event", "stream", d.core.partitions[e.part], "seq", e.seq, "error", err)
 		return false
 	}
-	e.settles.Or(wasAcked)
+	e.observe(settledAck, 0)
 	return false
 }
 

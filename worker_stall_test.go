@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -87,6 +88,79 @@ func TestWorker_StallChild(t *testing.T) {
 			childReport("done", "")
 		}
 		return nil
+	}, 0)
+	require.NoError(t, err)
+	defer stop()
+	<-ctx.Done() // the parent kills this process
+}
+
+const stallAckedChildEnv = "MQ_STALL_ACKED_CHILD_DIR"
+
+// TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes
+// stops the worker's process for three ack waits while it holds a tenant's events, one
+// of them in a handler call. The server redelivers every one of them meanwhile; once
+// the process runs again the copies of events it has handled and acked since must not
+// reach the handler after the tenant's later events.
+func TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes(t *testing.T) {
+	if os.Getenv(stallAckedChildEnv) != "" {
+		t.Skip("the child's own run")
+	}
+	const events = 200
+	var calls []int
+	stop := make(chan struct{})
+	var once sync.Once
+	runChildProcess(t, "TestWorker_StallAckedChild", []string{stallAckedChildEnv + "=" + t.TempDir()},
+		func(p *os.Process, kind, rest string) bool {
+			switch kind {
+			case "call":
+				n, err := strconv.Atoi(rest)
+				require.NoError(t, err)
+				calls = append(calls, n)
+				if n == events-1 {
+					// Past an ack wait more, for copies still to come.
+					once.Do(func() { time.AfterFunc(5*time.Second, func() { close(stop) }) })
+				}
+			case "held":
+				require.NoError(t, p.Signal(syscall.SIGSTOP))
+				time.Sleep(6 * time.Second) // three ack waits
+				require.NoError(t, p.Signal(syscall.SIGCONT))
+			}
+			return false
+		}, stop)
+	highest := -1
+	var again []int
+	for _, n := range calls {
+		if n < highest {
+			again = append(again, n)
+		}
+		highest = max(highest, n)
+	}
+	assert.Equal(t, events-1, highest, "not every event was handled")
+	assert.Empty(t, again, "events handled again after the tenant's later ones (calls in order: %v)", calls)
+}
+
+// TestWorker_StallAckedChild is that worker's process: one tenant, its first event's
+// call reporting "held" and going on for a second, every call acking.
+func TestWorker_StallAckedChild(t *testing.T) {
+	dir := os.Getenv(stallAckedChildEnv)
+	if dir == "" {
+		t.Skip("run by TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes")
+	}
+	e := openEmbedded(t, dir)
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	for i := range 200 {
+		require.NoError(t, e.Publish(ctx, Topic{Tenant: "acme", Table: "t"}, []byte(strconv.Itoa(i))))
+	}
+	c, err := e.CreateConsumer(ctx, ConsumerConfig{AckWait: 2 * time.Second})
+	require.NoError(t, err)
+	stop, _, err := c.Consume(func(m *Message) error {
+		childReport("call", string(m.Data))
+		if string(m.Data) == "0" && m.Attempt == 1 {
+			childReport("held", "")
+			time.Sleep(time.Second)
+		}
+		return m.Ack()
 	}, 0)
 	require.NoError(t, err)
 	defer stop()
