@@ -174,9 +174,7 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	returning := c.returning.since(u.p, info.Delivered.Stream)
 	d.mu.Lock()
 	u.ackWait = cfg.AckWait
-	if u.acked.limit == 0 {
-		u.acked = newAcked(cfg.MaxAckPending)
-	}
+	u.acked = d.ackedOn(u.p, cfg.MaxAckPending)
 	if info.NumAckPending > 0 {
 		// Only this worker pulls the partition now: what is pending is the previous
 		// owner's, and comes back out of sequence order (see backlog).

@@ -7,7 +7,10 @@ import "slices"
 // handles and acks the events it held, and the server's copies of them arrive after.
 // Handled, each copy would reach the handler again after its tenant's later events (a
 // probe saw 37 of 200 events so, in order). The dispatcher remembers what it acked on
-// each partition and drops such a copy with a second ack instead.
+// each partition and drops such a copy with a second ack instead. What it remembers
+// outlives its hold on the partition: a group that lost sight of every member during
+// the stall gives the partitions out again, often to the same worker (the probe saw
+// that too). A copy that reaches another worker is handled there.
 
 // maxAckedRemembered bounds what a partition remembers when its durable sets no
 // MaxAckPending (8 bytes each).
@@ -24,15 +27,29 @@ type acked struct {
 	limit int
 }
 
-func newAcked(maxAckPending int) acked {
+func newAcked(maxAckPending int) *acked {
 	if maxAckPending <= 0 || maxAckPending > maxAckedRemembered {
 		maxAckPending = maxAckedRemembered
 	}
-	return acked{limit: maxAckPending}
+	return &acked{limit: maxAckPending}
+}
+
+// ackedOn is what this worker remembers of its acks on partition p, under a durable
+// whose MaxAckPending is maxAckPending. Called with d.mu held.
+func (d *dispatcher) ackedOn(p, maxAckPending int) *acked {
+	a := d.acked[p]
+	if a == nil {
+		a = newAcked(maxAckPending)
+		d.acked[p] = a
+	}
+	return a
 }
 
 // add remembers seq as acknowledged.
 func (a *acked) add(seq uint64) {
+	if a == nil {
+		return // a unit whose pull never started
+	}
 	if len(a.seqs) < a.limit {
 		a.seqs = append(a.seqs, seq)
 		return
@@ -43,7 +60,7 @@ func (a *acked) add(seq uint64) {
 
 // has reports whether seq is among those remembered. A linear scan, as it is asked
 // only of redeliveries.
-func (a *acked) has(seq uint64) bool { return slices.Contains(a.seqs, seq) }
+func (a *acked) has(seq uint64) bool { return a != nil && slices.Contains(a.seqs, seq) }
 
 // dropAcked settles e, a copy of an event this worker acknowledged already, without
 // a handler call: its ack may not have reached the server yet, so it is acked again.

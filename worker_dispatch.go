@@ -52,8 +52,9 @@ type dispatcher struct {
 	units    map[int]*unit
 	given    []*unit // partitions handed over to other workers
 	tries    map[eventRef]*tries
-	stopped  bool // by stop
-	reported bool // ended by itself, reported on failed
+	acked    map[int]*acked // each partition's, kept across a release and a retake
+	stopped  bool           // by stop
+	reported bool           // ended by itself, reported on failed
 	failed   chan error
 	// The pool's goroutines start as lanes need them, so a Concurrency far above the
 	// tenants with work at once costs nothing: started counts them, idle those waiting
@@ -83,7 +84,7 @@ type unit struct {
 	released   bool              // everything held was taken to be handed back
 	handedBack chan struct{}     // closed once release finished
 	lastAcked  string            // the ack subject of the latest delivery acked (under dispatcher.mu)
-	acked      acked             // the sequences acked last (under dispatcher.mu)
+	acked      *acked            // the partition's sequences acked last (under dispatcher.mu)
 	// unsettled: release found events of u pending that it could not hand back
 	// (see release); the next owner must wait an ack wait for them.
 	unsettled atomic.Bool
@@ -158,6 +159,7 @@ func newDispatcher(c *natsCore, ctx context.Context, durable string, handler Han
 		lanes:   map[TenantID]*lane{},
 		units:   map[int]*unit{},
 		tries:   map[eventRef]*tries{},
+		acked:   map[int]*acked{},
 		failed:  make(chan error, 1),
 		done:    make(chan struct{}),
 		endTick: make(chan struct{}),
@@ -230,28 +232,37 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 	e.msg = &e.message
 	d.core.deliveredInto(e.msg, d.ctx, m, ts, e.attempt, e.seq, &e.settle)
 	tenant, _, _ := strings.Cut(e.msg.key, ".") // a key's first token is its tenant
-	d.mu.Lock()
-	if e.attempt > 1 && u.acked.has(e.seq) {
-		d.mu.Unlock()
+	if !d.file(u, TenantID(tenant), e) {
 		d.dropAcked(u, e)
-		return
 	}
+}
+
+// file puts e into its tenant's lane, or reports false for a copy of an event acked
+// already, to be dropped.
+func (d *dispatcher) file(u *unit, tenant TenantID, e *entry) bool {
+	d.mu.Lock()
 	defer d.mu.Unlock()
+	if e.attempt > 1 && u.acked.has(e.seq) {
+		if u.backlog != nil {
+			d.backlogArrived(u, tenant, e.seq) // back, and settled: nothing to wait for
+		}
+		return false
+	}
 	if d.over() || u.releasing.Load() {
 		d.late(u, e)
-		return
+		return true
 	}
 	delete(u.returned, e.seq) // redelivered while the host holds it: at least once
 	// A backlog's events never wait for room: the one that ends it would otherwise
 	// let the lanes run what was held behind it before it is filed.
 	pending := u.backlog != nil
 	if pending {
-		d.backlogArrived(u, TenantID(tenant), e.seq)
+		d.backlogArrived(u, tenant, e.seq)
 	}
 	for {
-		l := d.lanes[TenantID(tenant)]
+		l := d.lanes[tenant]
 		if l == nil {
-			l = &lane{tenant: TenantID(tenant), part: u.p}
+			l = &lane{tenant: tenant, part: u.p}
 			d.lanes[l.tenant] = l
 		}
 		switch {
@@ -260,7 +271,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			// back at once), or its ack wait ran out under a long call. Kept for
 			// when the call returns: it runs next if the call holds its lane.
 			l.again = e
-			return
+			return true
 		case l.blocked != nil && l.blocked.seq == e.seq:
 			d.unblock(u, l)
 		case l.blocked == nil && !pending && u.backlog == nil && u.waiting >= d.waitLimit():
@@ -269,9 +280,13 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			// held tenant never stops the others of its partition; they are bounded
 			// by the durable's MaxAckPending, as are those held for the backlog.
 			d.room.Wait()
+			if e.attempt > 1 && u.acked.has(e.seq) {
+				// Its event was handled and acked while this copy waited.
+				return false
+			}
 			if d.over() || u.releasing.Load() {
 				d.late(u, e)
-				return
+				return true
 			}
 			// Look again: meanwhile the lane may have emptied and been dropped (a
 			// new one must not run beside it), or been held.
@@ -281,7 +296,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			u.waiting++
 		}
 		d.schedule(l)
-		return
+		return true
 	}
 }
 

@@ -70,6 +70,9 @@ type group struct {
 	haltOnce  sync.Once
 	leaveOnce sync.Once
 	echoed    atomic.Bool // heard its own heartbeat
+	// ticked is when the loop last beat; awake is when this process last came back
+	// from a stall (see silent). Both under mu.
+	ticked, awake time.Time
 }
 
 func newGroup(d *dispatcher, subject string, timeout time.Duration) *group {
@@ -77,7 +80,34 @@ func newGroup(d *dispatcher, subject string, timeout time.Duration) *group {
 		d: d, subject: subject, self: nuid.Next(), timeout: timeout,
 		peers: map[string]*peer{}, owned: map[int]bool{}, moving: map[int]bool{},
 		released: map[int]bool{}, orphaned: map[int]time.Time{}, unsettled: map[int]bool{},
-		end: make(chan struct{}), ended: make(chan struct{}),
+		end: make(chan struct{}), ended: make(chan struct{}), ticked: time.Now(),
+	}
+}
+
+// silent reports whether peer p has said nothing for longer than the member timeout
+// of this process's running time. A process that did not run (a paused VM or container,
+// a SIGSTOP, a starved machine) heard nobody meanwhile: the silence it sees says
+// nothing of the others, and taking their partitions then had two workers run one
+// tenant's events at once (a probe saw it, pausing every worker of a group at once). So
+// a peer is silent only for a member timeout after this process came back. Called with
+// g.mu held.
+func (g *group) silent(p *peer, now time.Time) bool {
+	since := p.seen
+	if g.awake.After(since) {
+		since = g.awake
+	}
+	return now.Sub(since) > g.timeout
+}
+
+// noteStall marks the process as back from a stall when the loop's beat is late by
+// more than stallSlack. Asked at every rebalance, not only at the loop's: a heartbeat
+// heard after the stall may rebalance before the loop's late tick. Called with g.mu
+// held.
+func (g *group) noteStall(now time.Time) {
+	if lost := now.Sub(g.ticked) - g.interval(); lost > stallSlack && g.awake.Before(g.ticked) {
+		g.awake = now
+		g.d.core.log.Warn("mq: the worker did not run for a while; it waits a member timeout before it takes the partitions of workers it did not hear meanwhile",
+			"stalled", lost.Round(time.Millisecond))
 	}
 }
 
@@ -126,6 +156,9 @@ func (g *group) loop() {
 		}
 		g.send(false)
 		g.rebalance()
+		g.mu.Lock()
+		g.ticked = time.Now()
+		g.mu.Unlock()
 	}
 }
 
@@ -200,7 +233,7 @@ func (g *group) spread(now time.Time) []int {
 	claimed := map[int]bool{}
 	members := []string{g.self}
 	for id, p := range g.peers {
-		if now.Sub(p.seen) > g.timeout {
+		if g.silent(p, now) {
 			continue
 		}
 		for _, q := range p.Claim {
@@ -240,9 +273,10 @@ func (g *group) rebalance() {
 		return
 	default:
 	}
+	g.noteStall(now)
 	heldBy := map[int]bool{} // partitions a live member says it holds
 	for id, p := range g.peers {
-		if now.Sub(p.seen) > g.timeout {
+		if g.silent(p, now) {
 			for _, q := range p.Owned {
 				if _, ok := g.orphaned[q]; !ok {
 					g.orphaned[q] = p.seen
