@@ -242,7 +242,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 func (d *dispatcher) file(u *unit, tenant TenantID, e *entry) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if e.attempt > 1 && u.acked.has(e.seq) {
+	if u.copyOfAcked(e) {
 		if u.backlog != nil {
 			d.backlogArrived(u, tenant, e.seq) // back, and settled: nothing to wait for
 		}
@@ -280,10 +280,6 @@ func (d *dispatcher) file(u *unit, tenant TenantID, e *entry) bool {
 			// held tenant never stops the others of its partition; they are bounded
 			// by the durable's MaxAckPending, as are those held for the backlog.
 			d.room.Wait()
-			if e.attempt > 1 && u.acked.has(e.seq) {
-				// Its event was handled and acked while this copy waited.
-				return false
-			}
 			if d.over() || u.releasing.Load() {
 				d.late(u, e)
 				return true
@@ -408,9 +404,21 @@ func (d *dispatcher) runLanes() {
 		}
 		e := l.queue[0]
 		l.queue = l.queue[1:]
+		u.waiting--
+		if u.copyOfAcked(e) {
+			// Its event was acked while the copy waited in the lane.
+			d.mu.Unlock()
+			d.dropAcked(u, e)
+			d.mu.Lock()
+			d.room.Broadcast()
+			d.enqueue(l)
+			if l.running == nil && l.blocked == nil && len(l.queue) == 0 {
+				delete(d.lanes, l.tenant)
+			}
+			continue
+		}
 		l.running = e
 		u.running++
-		u.waiting--
 		// A pull waiting for room resumes once half the limit ran (or the pool went
 		// idle), not at each call: woken per call it filed one event and slept
 		// again, a context switch per delivery.

@@ -70,10 +70,18 @@ type group struct {
 	haltOnce  sync.Once
 	leaveOnce sync.Once
 	echoed    atomic.Bool // heard its own heartbeat
-	// ticked is when the loop last beat; awake is when this process last came back
-	// from a stall (see silent). Both under mu.
-	ticked, awake time.Time
+	// ticked is when the loop last beat; stalls are the recent times this process did
+	// not run, oldest first (see silent). Both under mu.
+	ticked time.Time
+	stalls []stall
 }
+
+// stall is a time this process did not run.
+type stall struct{ from, to time.Time }
+
+// maxStalls is how many stalls a member remembers: enough for a member timeout of a
+// machine that starves it again and again.
+const maxStalls = 16
 
 func newGroup(d *dispatcher, subject string, timeout time.Duration) *group {
 	return &group{
@@ -84,31 +92,59 @@ func newGroup(d *dispatcher, subject string, timeout time.Duration) *group {
 	}
 }
 
-// silent reports whether peer p has said nothing for longer than the member timeout
-// of this process's running time. A process that did not run (a paused VM or container,
-// a SIGSTOP, a starved machine) heard nobody meanwhile: the silence it sees says
-// nothing of the others, and taking their partitions then had two workers run one
-// tenant's events at once (a probe saw it, pausing every worker of a group at once). So
-// a peer is silent only for a member timeout after this process came back. Called with
-// g.mu held.
+// silent reports whether peer p has said nothing for longer than the member timeout,
+// counting only the time this process ran. A process that did not run (a paused VM or
+// container, a SIGSTOP, a starved machine) heard nobody meanwhile: that silence says
+// nothing of the others, and taking their partitions for it had two workers run one
+// tenant's events at once (a probe saw it, pausing every worker of a group at once).
+// Only the time lost is discounted, so a member that stalls again and again still
+// takes a dead peer's partitions once it ran a member timeout. Called with g.mu held.
 func (g *group) silent(p *peer, now time.Time) bool {
-	since := p.seen
-	if g.awake.After(since) {
-		since = g.awake
+	quiet := now.Sub(p.seen)
+	for _, s := range g.stalls {
+		if from, to := later(s.from, p.seen), earlier(s.to, now); to.After(from) {
+			quiet -= to.Sub(from)
+		}
 	}
-	return now.Sub(since) > g.timeout
+	return quiet > g.timeout
 }
 
-// noteStall marks the process as back from a stall when the loop's beat is late by
-// more than stallSlack. Asked at every rebalance, not only at the loop's: a heartbeat
-// heard after the stall may rebalance before the loop's late tick. Called with g.mu
-// held.
+// noteStall records the time lost when the loop's beat is late by more than half its
+// interval: the process did not run from when the beat was due until now. Asked at
+// every rebalance, not only at the loop's: a heartbeat heard after the stall may
+// rebalance before the loop's late beat, which then extends the same stall. Called
+// with g.mu held.
 func (g *group) noteStall(now time.Time) {
-	if lost := now.Sub(g.ticked) - g.interval(); lost > stallSlack && g.awake.Before(g.ticked) {
-		g.awake = now
-		g.d.core.log.Warn("mq: the worker did not run for a while; it waits a member timeout before it takes the partitions of workers it did not hear meanwhile",
+	due := g.ticked.Add(g.interval())
+	if now.Sub(due) <= g.interval()/2 {
+		return
+	}
+	if n := len(g.stalls); n > 0 && !g.stalls[n-1].to.Before(due) {
+		g.stalls[n-1].to = later(g.stalls[n-1].to, now)
+		return
+	}
+	if lost := now.Sub(due); lost > stallSlack {
+		g.d.core.log.Warn("mq: the worker did not run for a while; the others' silence meanwhile does not count against them",
 			"stalled", lost.Round(time.Millisecond))
 	}
+	g.stalls = append(g.stalls, stall{from: due, to: now})
+	if len(g.stalls) > maxStalls {
+		g.stalls = slices.Delete(g.stalls, 0, 1)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // join starts hearing the others and beating. The first spread waits joinWait, so a

@@ -94,49 +94,58 @@ func TestWorker_StallChild(t *testing.T) {
 	<-ctx.Done() // the parent kills this process
 }
 
-const stallAckedChildEnv = "MQ_STALL_ACKED_CHILD_DIR"
+const (
+	stallAckedChildEnv    = "MQ_STALL_ACKED_CHILD_DIR"
+	stallAckedPrefetchEnv = "MQ_STALL_ACKED_PREFETCH"
+)
 
 // TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes
 // stops the worker's process for three ack waits while it holds a tenant's events, one
 // of them in a handler call. The server redelivers every one of them meanwhile; once
 // the process runs again the copies of events it has handled and acked since must not
-// reach the handler after the tenant's later events.
+// reach the handler after the tenant's later events, and every event is handled.
 func TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes(t *testing.T) {
 	if os.Getenv(stallAckedChildEnv) != "" {
 		t.Skip("the child's own run")
 	}
-	const events = 200
-	var calls []int
-	stop := make(chan struct{})
-	var once sync.Once
-	runChildProcess(t, "TestWorker_StallAckedChild", []string{stallAckedChildEnv + "=" + t.TempDir()},
-		func(p *os.Process, kind, rest string) bool {
-			switch kind {
-			case "call":
-				n, err := strconv.Atoi(rest)
-				require.NoError(t, err)
-				calls = append(calls, n)
-				if n == events-1 {
-					// Past an ack wait more, for copies still to come.
-					once.Do(func() { time.AfterFunc(5*time.Second, func() { close(stop) }) })
+	for _, prefetch := range []int{0} {
+		t.Run("prefetch="+strconv.Itoa(prefetch), func(t *testing.T) {
+			const events = 200
+			var calls []int
+			stop := make(chan struct{})
+			var once sync.Once
+			env := []string{stallAckedChildEnv + "=" + t.TempDir(), stallAckedPrefetchEnv + "=" + strconv.Itoa(prefetch)}
+			runChildProcess(t, "TestWorker_StallAckedChild", env, func(p *os.Process, kind, rest string) bool {
+				switch kind {
+				case "call":
+					n, err := strconv.Atoi(rest)
+					require.NoError(t, err)
+					calls = append(calls, n)
+					if n == events-1 {
+						// Past an ack wait more, for copies still to come.
+						once.Do(func() { time.AfterFunc(5*time.Second, func() { close(stop) }) })
+					}
+				case "held":
+					require.NoError(t, p.Signal(syscall.SIGSTOP))
+					time.Sleep(6 * time.Second) // three ack waits
+					require.NoError(t, p.Signal(syscall.SIGCONT))
 				}
-			case "held":
-				require.NoError(t, p.Signal(syscall.SIGSTOP))
-				time.Sleep(6 * time.Second) // three ack waits
-				require.NoError(t, p.Signal(syscall.SIGCONT))
+				return false
+			}, stop)
+			handled := map[int]bool{}
+			highest := -1
+			var again []int
+			for _, n := range calls {
+				if n < highest {
+					again = append(again, n)
+				}
+				highest = max(highest, n)
+				handled[n] = true
 			}
-			return false
-		}, stop)
-	highest := -1
-	var again []int
-	for _, n := range calls {
-		if n < highest {
-			again = append(again, n)
-		}
-		highest = max(highest, n)
+			assert.Len(t, handled, events, "not every event was handled")
+			assert.Empty(t, again, "events handled again after the tenant's later ones (calls in order: %v)", calls)
+		})
 	}
-	assert.Equal(t, events-1, highest, "not every event was handled")
-	assert.Empty(t, again, "events handled again after the tenant's later ones (calls in order: %v)", calls)
 }
 
 // TestWorker_StallAckedChild is that worker's process: one tenant, its first event's
@@ -146,6 +155,8 @@ func TestWorker_StallAckedChild(t *testing.T) {
 	if dir == "" {
 		t.Skip("run by TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes")
 	}
+	prefetch, err := strconv.Atoi(os.Getenv(stallAckedPrefetchEnv))
+	require.NoError(t, err)
 	e := openEmbedded(t, dir)
 	ctx := testCtx(t)
 	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
@@ -161,7 +172,7 @@ func TestWorker_StallAckedChild(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 		return m.Ack()
-	}, 0)
+	}, prefetch)
 	require.NoError(t, err)
 	defer stop()
 	<-ctx.Done() // the parent kills this process
