@@ -513,8 +513,14 @@ func (d *dispatcher) keepAlive() {
 		var waiting []*entry
 		d.mu.Lock()
 		now := time.Now()
-		if lost := now.Sub(last) - period; lost > stallSlack {
-			d.stalled(lost)
+		switch elapsed := now.Sub(last); {
+		case !d.core.nc.IsConnected():
+			// Nothing can come back while the connection is down: a wait for a
+			// retried event released then ran its tenant's later events first (a
+			// probe saw it, with the server down 16 s). The waits stand still.
+			d.extendWaits(elapsed)
+		case elapsed-period > stallSlack:
+			d.stalled(elapsed - period)
 		}
 		last = now
 		period = keepAlivePeriod
@@ -569,6 +575,12 @@ const stallSlack = time.Second
 // d.mu held.
 func (d *dispatcher) stalled(lost time.Duration) {
 	d.core.log.Warn("mq: the worker did not run for a while; its waits for retried events are extended by as much", "stalled", lost.Round(time.Millisecond))
+	d.extendWaits(lost)
+}
+
+// extendWaits pushes back, by lost, every wait for an event to come back. Called with
+// d.mu held.
+func (d *dispatcher) extendWaits(lost time.Duration) {
 	for _, l := range d.lanes {
 		if l.blocked != nil {
 			l.until = l.until.Add(lost)

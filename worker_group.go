@@ -110,20 +110,26 @@ func (g *group) silent(p *peer, now time.Time) bool {
 }
 
 // noteStall records the time lost when the loop's beat is late by more than half its
-// interval: the process did not run from when the beat was due until now. Asked at
+// interval (the process did not run from when the beat was due until now), or when the
+// connection is down (nothing was heard since the last beat). Asked at
 // every rebalance, not only at the loop's: a heartbeat heard after the stall may
 // rebalance before the loop's late beat, which then extends the same stall. Called
 // with g.mu held.
 func (g *group) noteStall(now time.Time) {
 	due := g.ticked.Add(g.interval())
-	if now.Sub(due) <= g.interval()/2 {
+	nc := g.d.core.nc
+	connected := nc == nil || nc.IsConnected() // nil: a unit test's group
+	if !connected {
+		// Cut off: nobody was heard since the last beat either.
+		due = g.ticked
+	} else if now.Sub(due) <= g.interval()/2 {
 		return
 	}
 	if n := len(g.stalls); n > 0 && !g.stalls[n-1].to.Before(due) {
 		g.stalls[n-1].to = later(g.stalls[n-1].to, now)
 		return
 	}
-	if lost := now.Sub(due); lost > stallSlack {
+	if lost := now.Sub(due); lost > stallSlack && connected {
 		g.d.core.log.Warn("mq: the worker did not run for a while; the others' silence meanwhile does not count against them",
 			"stalled", lost.Round(time.Millisecond))
 	}
