@@ -94,10 +94,7 @@ func TestWorker_StallChild(t *testing.T) {
 	<-ctx.Done() // the parent kills this process
 }
 
-const (
-	stallAckedChildEnv    = "MQ_STALL_ACKED_CHILD_DIR"
-	stallAckedPrefetchEnv = "MQ_STALL_ACKED_PREFETCH"
-)
+const stallAckedChildEnv = "MQ_STALL_ACKED_CHILD_DIR"
 
 // TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes
 // stops the worker's process for three ack waits while it holds a tenant's events, one
@@ -108,44 +105,40 @@ func TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfter
 	if os.Getenv(stallAckedChildEnv) != "" {
 		t.Skip("the child's own run")
 	}
-	for _, prefetch := range []int{0} {
-		t.Run("prefetch="+strconv.Itoa(prefetch), func(t *testing.T) {
-			const events = 200
-			var calls []int
-			stop := make(chan struct{})
-			var once sync.Once
-			env := []string{stallAckedChildEnv + "=" + t.TempDir(), stallAckedPrefetchEnv + "=" + strconv.Itoa(prefetch)}
-			runChildProcess(t, "TestWorker_StallAckedChild", env, func(p *os.Process, kind, rest string) bool {
-				switch kind {
-				case "call":
-					n, err := strconv.Atoi(rest)
-					require.NoError(t, err)
-					calls = append(calls, n)
-					if n == events-1 {
-						// Past an ack wait more, for copies still to come.
-						once.Do(func() { time.AfterFunc(5*time.Second, func() { close(stop) }) })
-					}
-				case "held":
-					require.NoError(t, p.Signal(syscall.SIGSTOP))
-					time.Sleep(6 * time.Second) // three ack waits
-					require.NoError(t, p.Signal(syscall.SIGCONT))
-				}
-				return false
-			}, stop)
-			handled := map[int]bool{}
-			highest := -1
-			var again []int
-			for _, n := range calls {
-				if n < highest {
-					again = append(again, n)
-				}
-				highest = max(highest, n)
-				handled[n] = true
+	const events = 200
+	var calls []int
+	stop := make(chan struct{})
+	var once sync.Once
+	env := []string{stallAckedChildEnv + "=" + t.TempDir()}
+	runChildProcess(t, "TestWorker_StallAckedChild", env, func(p *os.Process, kind, rest string) bool {
+		switch kind {
+		case "call":
+			n, err := strconv.Atoi(rest)
+			require.NoError(t, err)
+			calls = append(calls, n)
+			if n == events-1 {
+				// Past an ack wait more, for copies still to come.
+				once.Do(func() { time.AfterFunc(5*time.Second, func() { close(stop) }) })
 			}
-			assert.Len(t, handled, events, "not every event was handled")
-			assert.Empty(t, again, "events handled again after the tenant's later ones (calls in order: %v)", calls)
-		})
+		case "held":
+			require.NoError(t, p.Signal(syscall.SIGSTOP))
+			time.Sleep(6 * time.Second) // three ack waits
+			require.NoError(t, p.Signal(syscall.SIGCONT))
+		}
+		return false
+	}, stop)
+	handled := map[int]bool{}
+	highest := -1
+	var again []int
+	for _, n := range calls {
+		if n < highest {
+			again = append(again, n)
+		}
+		highest = max(highest, n)
+		handled[n] = true
 	}
+	assert.Len(t, handled, events, "not every event was handled")
+	assert.Empty(t, again, "events handled again after the tenant's later ones (calls in order: %v)", calls)
 }
 
 // TestWorker_StallAckedChild is that worker's process: one tenant, its first event's
@@ -155,8 +148,6 @@ func TestWorker_StallAckedChild(t *testing.T) {
 	if dir == "" {
 		t.Skip("run by TestWorker_AProcessStalledPastTheAckWaitDoesNotHandleAnAckedEventAgainAfterLaterOnes")
 	}
-	prefetch, err := strconv.Atoi(os.Getenv(stallAckedPrefetchEnv))
-	require.NoError(t, err)
 	e := openEmbedded(t, dir)
 	ctx := testCtx(t)
 	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
@@ -172,7 +163,7 @@ func TestWorker_StallAckedChild(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 		return m.Ack()
-	}, prefetch)
+	}, 0)
 	require.NoError(t, err)
 	defer stop()
 	<-ctx.Done() // the parent kills this process
