@@ -183,6 +183,8 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 			lastAt: now, until: now.Add(cmp.Or(cfg.AckWait, c.topo.AckWait) + redeliverySlack), tenants: returning}
 	}
 	d.mu.Unlock()
+	d.core.log.Debug("mq: taking a partition", "stream", u.stream, "consumer", d.durable,
+		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream, "ack_floor", info.AckFloor.Stream)
 	opts := []jetstream.PullConsumeOpt{
 		jetstream.PullMaxMessages(d.share), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat),
 		jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) { d.pullError(u, cc, err) }),

@@ -72,8 +72,11 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 		if seq <= b.last {
 			b.seen[seq] = struct{}{}
 		}
-		if seq > b.last || len(b.seen) >= b.want {
-			d.endBacklog(u)
+		switch {
+		case seq > b.last:
+			d.endBacklog(u, "an event delivered for the first time arrived", seq)
+		case len(b.seen) >= b.want:
+			d.endBacklog(u, "every pending event arrived", seq)
 		}
 		return
 	}
@@ -85,7 +88,7 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 	b.arrived++
 	due = slices.Delete(due, i, i+1)
 	if b.arrived >= b.want {
-		d.endBacklog(u)
+		d.endBacklog(u, "every pending event arrived", seq)
 		return
 	}
 	if len(due) > 0 {
@@ -98,8 +101,13 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 	}
 }
 
-// endBacklog lets partition u's lanes run. Called with d.mu held.
-func (d *dispatcher) endBacklog(u *unit) {
+// endBacklog lets partition u's lanes run, for the reason why, on the arrival of seq
+// (0 for none). Called with d.mu held.
+func (d *dispatcher) endBacklog(u *unit, why string, seq uint64) {
+	if b := u.backlog; b != nil {
+		d.core.log.Debug("mq: a taken partition's pending events stop holding its tenants", "stream", u.stream,
+			"reason", why, "seq", seq, "pending_at_take", b.want, "arrived", max(len(b.seen), b.arrived), "last_delivered_at_take", b.last)
+	}
 	u.backlog = nil
 	for _, l := range d.lanes {
 		if l.part == u.p {

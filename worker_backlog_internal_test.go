@@ -11,7 +11,7 @@ import (
 // heldBacklog is a dispatcher holding partition 0 for the events noted pending at
 // open, of which want were still pending at the take.
 func heldBacklog(want int, noted map[TenantID][]uint64) (*dispatcher, *unit) {
-	d := &dispatcher{lanes: map[TenantID]*lane{}, units: map[int]*unit{}}
+	d := &dispatcher{core: &natsCore{log: quietLog}, lanes: map[TenantID]*lane{}, units: map[int]*unit{}}
 	d.wake = sync.NewCond(&d.mu)
 	u := &unit{p: 0, backlog: &backlog{want: want, tenants: noted}}
 	d.units[0] = u

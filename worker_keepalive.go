@@ -52,11 +52,15 @@ func (d *dispatcher) keepAlive() {
 		tick.Reset(period)
 		for _, u := range d.units {
 			if b := u.backlog; b != nil && b.over(now) {
+				why := "no event arrived for a while"
+				if now.After(b.until) {
+					why = "an ack wait passed"
+				}
 				if len(b.tenants) > 0 {
 					d.core.log.Warn("mq: events pending since the broker opened did not come back within an ack wait; their tenants go on",
 						"stream", u.stream, "tenants", len(b.tenants))
 				}
-				d.endBacklog(u)
+				d.endBacklog(u, why, 0)
 			}
 		}
 		for _, l := range d.lanes {

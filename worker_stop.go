@@ -216,6 +216,10 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 			return
 		}
 	}
+	if len(held) > 0 {
+		d.core.log.Debug("mq: handed a partition's events back", "stream", u.stream, "consumer", d.durable,
+			"handed_back", len(held), "first", held[0].seq, "last", held[len(held)-1].seq, "held_by_host", returned)
+	}
 	if u.group != "" && infoErr == nil && !d.core.nc.IsClosed() {
 		d.unpin(ctx, u, cons)
 	}
