@@ -134,6 +134,8 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 	// (the broker stopped without Close): the server will not deliver those events
 	// again, so releaseDoubtful gives their bytes back once the floor passes them.
 	delivered, counted := info.Delivered.Stream, 0
+	var inFlight []uint64 // stored, delivered, above the floor: pending unless acked out of order
+	defer func() { e.redeliverInFlight(name, info, inFlight) }()
 	defer func() {
 		if counted > info.NumAckPending {
 			e.log.Warn("mq: the backlog counts events the ingest durable may have acknowledged out of order before the broker stopped without closing",
@@ -151,6 +153,9 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 			meta, err := m.Metadata()
 			if err != nil {
 				continue
+			}
+			if meta.Sequence.Stream <= delivered {
+				inFlight = append(inFlight, meta.Sequence.Stream)
 			}
 			if tenant, held := e.holdStored(p, m, meta); held && meta.Sequence.Stream <= delivered {
 				counted++

@@ -38,21 +38,10 @@ import (
 // standalone server on the same store and reports how many the interest stream kept.
 func upstreamRecovery(t *testing.T, durable string, n int) (kept uint64) {
 	t.Helper()
-	opts := &server.Options{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT,
-		JetStream: true, StoreDir: filepath.Join(t.TempDir(), "js"),
-		NoSigs: true, NoLog: true,
-	}
-	srv := runServer(t, opts.Clone())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	nc, js := connectUpstream(t, srv)
-
-	_, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: "P", Subjects: []string{"p.>"}, Retention: jetstream.InterestPolicy, Storage: jetstream.FileStorage,
-	})
-	require.NoError(t, err)
-	_, err = js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{
+	opts, srv, nc, js := upstreamInterestStream(ctx, t)
+	_, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{
 		Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	require.NoError(t, err)
@@ -84,6 +73,30 @@ func upstreamRecovery(t *testing.T, durable string, n int) (kept uint64) {
 	srv = runServer(t, opts.Clone())
 	_, js = connectUpstream(t, srv)
 	return mustStream(t, js, "P").CachedInfo().State.Msgs
+}
+
+// upstreamInterestStream starts a standalone server (upstreamOptions) and creates the
+// interest-retention stream P on p.>.
+func upstreamInterestStream(ctx context.Context, t *testing.T) (*server.Options, *server.Server, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	opts := upstreamOptions(t)
+	srv := runServer(t, opts.Clone())
+	nc, js := connectUpstream(t, srv)
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "P", Subjects: []string{"p.>"}, Retention: jetstream.InterestPolicy, Storage: jetstream.FileStorage,
+	})
+	require.NoError(t, err)
+	return opts, srv, nc, js
+}
+
+// upstreamOptions are a standalone server's on loopback, with a file store in a temp
+// dir that a restart with the same options finds again.
+func upstreamOptions(t *testing.T) *server.Options {
+	return &server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		JetStream: true, StoreDir: filepath.Join(t.TempDir(), "js"),
+		NoSigs: true, NoLog: true,
+	}
 }
 
 func connectUpstream(t *testing.T, srv *server.Server) (*nats.Conn, jetstream.JetStream) {

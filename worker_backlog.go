@@ -24,11 +24,13 @@ import (
 //
 // After a restart the broker knows more (see returning): which events are pending and
 // whose, and that no host holds any of them, since Close handed back what hosts held.
-// They come back only as their ack waits (or nak delays) run out, in that order, not
-// in sequence order; so their tenants' lanes wait for those events, however quiet the
-// pull or new the events it brings, and every other tenant goes on. The noted events
-// may include some acknowledged out of order before a crash, which never come back:
-// once as many noted events arrived as the durable had pending, none is still due.
+// The boot puts them back (embedded_inflight.go), but with a listener, or when a nak
+// was lost, they come back only as their ack waits (or nak delays) run out, in that
+// order, not in sequence order; so their tenants' lanes wait for those events, however
+// quiet the pull or new the events it brings, and every other tenant goes on. The
+// noted events may include some acknowledged out of order before a crash, which never
+// come back: once as many noted events arrived as the durable had pending, none is
+// still due.
 type backlog struct {
 	last   uint64              // the stream sequence last delivered at the take
 	want   int                 // events pending at the take
