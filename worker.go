@@ -175,13 +175,9 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	d.mu.Lock()
 	u.ackWait = cfg.AckWait
 	u.acked = d.ackedOn(u.p, cfg.MaxAckPending)
-	if info.NumAckPending > 0 {
-		// Only this worker pulls the partition now: what is pending is the previous
-		// owner's, and comes back out of sequence order (see backlog).
-		now := time.Now()
-		u.backlog = &backlog{last: info.Delivered.Stream, want: info.NumAckPending, seen: map[uint64]struct{}{},
-			lastAt: now, until: now.Add(cmp.Or(cfg.AckWait, c.topo.AckWait) + redeliverySlack), tenants: returning}
-	}
+	// Only this worker pulls the partition now: what is pending is the previous
+	// owner's, and comes back out of sequence order (see backlog).
+	u.backlog = d.newBacklog(info, returning)
 	d.mu.Unlock()
 	d.core.log.Debug("mq: taking a partition", "stream", u.stream, "consumer", d.durable,
 		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream, "ack_floor", info.AckFloor.Stream)

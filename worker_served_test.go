@@ -1,0 +1,97 @@
+//go:build integration
+
+package mq
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestWorker_AWorkerServedAPartitionOnlyOnceAnotherHandedItOverWaitsForWhatWasPendingThen:
+// two workers claim one partition. The server pins it to the first, which holds six
+// events of acme; the second took it too, found six pending, got nothing, and its wait
+// for them ran out. Then the first stops and hands back five. When the server first
+// serves the second, it counts the partition's pending events again (five), so its
+// tenants wait for every one of them, whatever order the server sends them in (a
+// chaos probe saw it put some behind later ones: a tenant's event 209 ran before 207).
+func TestWorker_AWorkerServedAPartitionOnlyOnceAnotherHandedItOverWaitsForWhatWasPendingThen(t *testing.T) {
+	f := newExternalFixture(t)
+	first := f.broker(t)
+	var logs syncBuffer
+	second := f.broker(t, func(c *NATSConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	ctx := testCtx(t)
+	tp := Topic{Tenant: "acme", Table: "t"}
+	_, p, err := first.core.subs.ingestTopic(tp)
+	require.NoError(t, err)
+	for i := range 6 {
+		require.NoError(t, first.Publish(ctx, tp, []byte(fmt.Sprint(i))))
+	}
+
+	cfg := ConsumerConfig{Partitions: []int{p}, AckWait: time.Minute, StopTimeout: 20 * time.Second}
+	ca, err := first.CreateConsumer(ctx, cfg)
+	require.NoError(t, err)
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stopA, _, err := ca.Consume(func(m *Message) error {
+		once.Do(func() { close(started) })
+		<-release
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the first worker was never served")
+	}
+
+	cb, err := second.CreateConsumer(ctx, cfg)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var calls []string
+	got := make(chan struct{}, 6)
+	stopB, _, err := cb.Consume(func(m *Message) error {
+		mu.Lock()
+		calls = append(calls, string(m.Data))
+		mu.Unlock()
+		got <- struct{}{}
+		return m.Ack()
+	}, 0)
+	require.NoError(t, err)
+	defer stopB()
+	time.Sleep(1500 * time.Millisecond) // the second's wait for the six ran out meanwhile
+	require.NotContains(t, logs.String(), "first delivery of a taken partition", "the server served the second worker while the first held the partition")
+
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stopA() }()
+	time.Sleep(500 * time.Millisecond) // stop began: no call starts after event 0's
+	close(release)
+	<-stopped
+	for range 5 {
+		select {
+		case <-got:
+		case <-ctx.Done():
+			mu.Lock()
+			defer mu.Unlock()
+			t.Fatalf("the second worker handled only %v of the five handed over", calls)
+		}
+	}
+	mu.Lock()
+	assert.Equal(t, []string{"1", "2", "3", "4", "5"}, calls)
+	mu.Unlock()
+	var served string
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "first delivery of a taken partition") {
+			served = line
+		}
+	}
+	assert.Contains(t, served, "ack_pending=5", "when first served, the second worker counts the five handed over as pending")
+}
