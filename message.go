@@ -131,7 +131,8 @@ func (m *Message) Nak() error {
 }
 
 // NakWithDelay asks for the message to be delivered again, no sooner than delay; a
-// delay of zero or less is a plain Nak.
+// delay of zero or less is a plain Nak. The delay does not outlast a restart of
+// EmbeddedNATS without a listener, whose boot delivers again at once what was pending.
 func (m *Message) NakWithDelay(delay time.Duration) error {
 	if m.settler == nil {
 		return nil
