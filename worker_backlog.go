@@ -12,7 +12,8 @@ import (
 
 // The backlog of a partition the worker takes: events the durable had delivered and
 // not seen acknowledged, which come back out of sequence order. A tenant's lane must
-// not run past one of its events still to come back.
+// not run past one of its events still to come back. It is counted at the take and
+// again at the first delivery after it (servedFirst).
 
 // backlog is what a partition had pending when this worker took it: the events its
 // previous owner handed back or left to the ack wait. The server redelivers them from
