@@ -15,8 +15,11 @@ import (
 // start (consumer.checkPending). Without a listener nothing but this process can hold
 // a delivery from the store: the store is locked to it, and nothing was delivered
 // since the server started. So none of them is being handled anywhere, and the boot
-// naks each, which puts it on the redelivery queue: the first pull gets them at once,
-// in sequence order, with their delivery counts kept. With a listener, a worker in
+// naks each, in sequence order, which puts it on the redelivery queue: the first pull
+// gets them at once, with their delivery counts kept. The naks are not waited for, and
+// an event whose ack wait ran out while the store was closed is queued first, so they
+// may not come in sequence order; the worker's backlog (see returning) keeps each
+// tenant's in order. With a listener, a worker in
 // another process may still hold one and settle it after it reconnects, so the boot
 // leaves them to their ack wait.
 //
