@@ -1,10 +1,6 @@
 package mq
 
-import (
-	"strconv"
-
-	"github.com/nats-io/nats.go/jetstream"
-)
+import "github.com/nats-io/nats.go/jetstream"
 
 // What the ingest durable had delivered and not seen settled when the store was last
 // open: events in flight at a crash, and events Close handed back.
@@ -37,14 +33,9 @@ func (e *EmbeddedNATS) redeliverInFlight(stream string, info *jetstream.Consumer
 		return
 	}
 	// The reply subject the server gave each delivery is gone with the process that
-	// got it. The server reads a nak's stream sequence from the subject and needs
-	// its delivery sequence only to fall within what the durable has outstanding
-	// (nats-server v2.15.3, consumer.processNak): the last one delivered does.
-	// upstream_nak_test.go pins that.
-	prefix := "$JS.ACK." + stream + "." + info.Name + ".1."
-	dseq := "." + strconv.FormatUint(info.Delivered.Consumer, 10) + ".0.0"
+	// got it.
 	for _, seq := range seqs {
-		if err := e.nc.Publish(prefix+strconv.FormatUint(seq, 10)+dseq, ackNak); err != nil {
+		if err := e.nc.Publish(builtAckSubject(stream, info.Name, seq, info.Delivered.Consumer), ackNak); err != nil {
 			e.log.Warn("mq: cannot put back the events in flight at the last stop; the ack wait redelivers them",
 				"stream", stream, "consumer", info.Name, "error", err)
 			return
@@ -53,5 +44,3 @@ func (e *EmbeddedNATS) redeliverInFlight(stream string, info *jetstream.Consumer
 	e.log.Info("mq: events delivered before the start and never settled are delivered again at once",
 		"stream", stream, "consumer", info.Name, "pending", info.NumAckPending)
 }
-
-var ackNak = []byte("-NAK")

@@ -3,6 +3,7 @@
 package mq
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ type loopbackProxy struct {
 	mu       sync.Mutex
 	conns    map[net.Conn]bool
 	dropping bool
+	dropped  []byte // what dropping discarded, up to maxKeptDropped bytes
 	holding  bool
 	released *sync.Cond // holding ended
 	wg       sync.WaitGroup
@@ -124,7 +126,7 @@ func (p *loopbackProxy) pump(src, dst net.Conn, fromServer bool) {
 		if !fromServer {
 			p.waitWhileHeld()
 		}
-		if n > 0 && (!fromServer || !p.isDropping()) {
+		if n > 0 && (!fromServer || !p.droppedNow(buf[:n])) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
@@ -143,8 +145,23 @@ func (p *loopbackProxy) waitWhileHeld() {
 	p.mu.Unlock()
 }
 
-func (p *loopbackProxy) isDropping() bool {
+// droppedNow reports whether b, read from a server, is to be discarded, and keeps it
+// for hasDropped if so.
+func (p *loopbackProxy) droppedNow(b []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dropping && len(p.dropped) < maxKeptDropped {
+		p.dropped = append(p.dropped, b[:min(len(b), maxKeptDropped-len(p.dropped))]...)
+	}
 	return p.dropping
+}
+
+// maxKeptDropped bounds what the proxy keeps of what it dropped.
+const maxKeptDropped = 1 << 20
+
+// hasDropped reports whether what the server sent while dropping contained marker.
+func (p *loopbackProxy) hasDropped(marker string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bytes.Contains(p.dropped, []byte(marker))
 }

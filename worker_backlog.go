@@ -83,6 +83,7 @@ func (d *dispatcher) servedFirst(u *unit) {
 		return
 	}
 	u.backlog = d.newBacklog(info, nil)
+	u.shared.Store(false) // what counts is what the server delivers from now on
 	c.log.Debug("mq: first delivery of a taken partition", "stream", u.stream, "consumer", d.durable,
 		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream)
 }
@@ -122,7 +123,7 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 		case seq > b.last:
 			d.endBacklog(u, "an event delivered for the first time arrived", seq)
 		case len(b.seen) >= b.want:
-			d.endBacklog(u, "every pending event arrived", seq)
+			d.endBacklog(u, allPendingArrived, seq)
 		}
 		return
 	}
@@ -134,7 +135,7 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 	b.arrived++
 	due = slices.Delete(due, i, i+1)
 	if b.arrived >= b.want {
-		d.endBacklog(u, "every pending event arrived", seq)
+		d.endBacklog(u, allPendingArrived, seq)
 		return
 	}
 	if len(due) > 0 {
@@ -147,9 +148,15 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 	}
 }
 
+// allPendingArrived is the reason a backlog ends when nothing of it is held elsewhere.
+const allPendingArrived = "every pending event arrived"
+
 // endBacklog lets partition u's lanes run, for the reason why, on the arrival of seq
 // (0 for none). Called with d.mu held.
 func (d *dispatcher) endBacklog(u *unit, why string, seq uint64) {
+	if why != allPendingArrived {
+		u.shared.Store(true)
+	}
 	if b := u.backlog; b != nil {
 		d.core.log.Debug("mq: a taken partition's pending events stop holding its tenants", "stream", u.stream,
 			"reason", why, "seq", seq, "pending_at_take", b.want, "arrived", max(len(b.seen), b.arrived), "last_delivered_at_take", b.last)

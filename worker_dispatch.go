@@ -82,6 +82,11 @@ type unit struct {
 	// (see release); the next owner must wait an ack wait for them.
 	unsettled atomic.Bool
 	backlog   *backlog // under dispatcher.mu; nil once every event pending at the take arrived
+	// shared: another worker may hold events of u delivered before the server first
+	// served this one (not all of what was pending then arrived here), or the server
+	// pinned u to another worker meanwhile. Release then cannot tell a delivery that
+	// never reached this worker from one held elsewhere (see handBackUnarrived).
+	shared atomic.Bool
 }
 
 func (u *unit) isReleasing() bool { return u.releasing.Load() }
@@ -213,6 +218,8 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			u.pin.Store(&pin)
 			if cur == nil {
 				d.servedFirst(u)
+			} else {
+				u.shared.Store(true) // pinned again: another worker may have been served meanwhile
 			}
 		}
 	}

@@ -204,12 +204,14 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 	}
 	// Everything this worker sent the leader is processed now (handBack's barrier), so
 	// what the durable still has pending beyond what was handed back and what the
-	// host holds was delivered to this worker and never reached it: on a cluster the
-	// server's last deliveries can cross the unsubscribe. The next owner must not pull
-	// before they come back, an ack wait after their delivery; the group treats the
-	// partition as an orphan rather than as released.
+	// host holds was delivered to this worker and never reached it (the server's last
+	// deliveries can cross the unsubscribe, on one node as on a cluster), or is held
+	// by another worker. handBackUnarrived puts the first back when it can tell them
+	// apart. Otherwise the next owner must not pull before they come back, an ack wait
+	// after their delivery; the group treats the partition as an orphan rather than
+	// as released.
 	if infoErr == nil {
-		if info, err := cons.Info(ctx); err == nil && info.NumAckPending > len(held)+returned {
+		if info, err := cons.Info(ctx); err == nil && info.NumAckPending > len(held)+returned && !d.handBackUnarrived(ctx, u, info, held) {
 			u.unsettled.Store(true)
 			d.core.log.Info("mq: events of a partition were delivered as it was released and never arrived; the next owner waits an ack wait for them",
 				"stream", u.stream, "consumer", d.durable, "ack_pending", info.NumAckPending, "handed_back", len(held), "held_by_host", returned)
@@ -244,7 +246,19 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 // 1ns first stores it as due now; the plain nak then queues it at once, in the order
 // given.
 func (d *dispatcher) handBack(ctx context.Context, held []*entry, barrier string) (int, error) {
-	if len(held) == 0 && barrier == "" {
+	replies := make([]string, len(held))
+	for i, e := range held {
+		replies[i] = e.m.Reply()
+	}
+	return d.nakConfirmed(ctx, replies, handBackNaks, barrier)
+}
+
+// nakConfirmed sends each of naks, in order, to each of the ack subjects replies, in
+// order, then a progress report to barrier unless it is "", and returns once the
+// consumer's leader answered every one, or with how many subjects it confirmed when
+// ctx ends first.
+func (d *dispatcher) nakConfirmed(ctx context.Context, replies []string, naks [][]byte, barrier string) (int, error) {
+	if len(replies) == 0 && barrier == "" {
 		return 0, nil
 	}
 	nc := d.core.nc
@@ -254,14 +268,14 @@ func (d *dispatcher) handBack(ctx context.Context, held []*entry, barrier string
 		return 0, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	for _, e := range held {
-		for _, nak := range handBackNaks {
-			if err := nc.PublishRequest(e.m.Reply(), inbox, nak); err != nil {
+	for _, reply := range replies {
+		for _, nak := range naks {
+			if err := nc.PublishRequest(reply, inbox, nak); err != nil {
 				return 0, err
 			}
 		}
 	}
-	answers := len(handBackNaks) * len(held)
+	answers := len(naks) * len(replies)
 	if barrier != "" {
 		if err := nc.PublishRequest(barrier, inbox, []byte("+WPI")); err != nil {
 			return 0, err
@@ -270,10 +284,10 @@ func (d *dispatcher) handBack(ctx context.Context, held []*entry, barrier string
 	}
 	for n := range answers {
 		if _, err := sub.NextMsgWithContext(ctx); err != nil {
-			return min(n/len(handBackNaks), len(held)), err
+			return min(n/len(naks), len(replies)), err
 		}
 	}
-	return len(held), nil
+	return len(replies), nil
 }
 
 // handBackNaks are the naks that hand an event back (see handBack): stored as due now,

@@ -1,0 +1,88 @@
+package mq
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Deliveries that never arrived. The server can serve a pull the worker drains at a
+// release after the worker's last look: it sends events into a subscription that is
+// gone and counts them delivered, so without a hand-back they reach the next owner
+// only after the ack wait (a minute by default). The conformance case
+// TwoConsumesShare… waited so in 11 of 300 runs under load (measured), on one node as
+// on a cluster. Their reply subjects never arrived either, so the worker builds them
+// (builtAckSubject).
+
+// maxUnarrivedScan bounds the stream sequences a release looks through for events
+// that never arrived: above it (a host holding an early event while thousands went
+// by), they are left to the ack wait.
+const maxUnarrivedScan = 1 << 14
+
+// handBackUnarrived nak's, and waits for the server to confirm, every event partition
+// u's durable has pending, as info found it after held was handed back, that this
+// worker neither holds nor runs: the server delivered it to this worker's pull, and it
+// never arrived. It reports false, leaving such events to the ack wait, when another
+// worker may hold one (u.shared, or the server pins u to another), when a call of u
+// still runs (its event must come back before its tenant's later ones), or when the
+// events cannot be put back.
+func (d *dispatcher) handBackUnarrived(ctx context.Context, u *unit, info *jetstream.ConsumerInfo, held []*entry) bool {
+	floor, last := info.AckFloor.Stream, info.Delivered.Stream
+	if u.group == "" || u.shared.Load() || last <= floor || last-floor > maxUnarrivedScan || !pinnedHere(info, u) {
+		return false
+	}
+	ours := make(map[uint64]bool, len(held))
+	for _, e := range held {
+		ours[e.seq] = true
+	}
+	d.mu.Lock()
+	if u.running > 0 {
+		d.mu.Unlock()
+		return false
+	}
+	for _, gone := range append(d.given, u) {
+		if gone.p != u.p {
+			continue
+		}
+		for seq := range gone.returned {
+			ours[seq] = true // the host's to settle
+		}
+	}
+	var seqs []uint64
+	for seq := floor + 1; seq <= last; seq++ {
+		// An event acked here is no longer pending (the hand-back's barrier proved the
+		// server has the acks), and the server ignores the nak of one not pending.
+		if !ours[seq] && !u.acked.has(seq) {
+			seqs = append(seqs, seq)
+		}
+	}
+	d.mu.Unlock()
+	subjects := make([]string, len(seqs))
+	for i, seq := range seqs {
+		subjects[i] = builtAckSubject(u.stream, d.durable, seq, info.Delivered.Consumer)
+	}
+	n, err := d.nakConfirmed(ctx, subjects, [][]byte{ackNak}, "")
+	if err != nil {
+		d.core.log.Info("mq: could not hand back the events of a partition delivered as it was released",
+			"stream", u.stream, "consumer", d.durable, "naked", n, "of", len(subjects), "error", err)
+		return false
+	}
+	d.core.log.Debug("mq: handed back the events of a partition delivered as it was released",
+		"stream", u.stream, "consumer", d.durable, "ack_pending", info.NumAckPending, "handed_back", len(held),
+		"looked_through", len(subjects))
+	return true
+}
+
+// pinnedHere reports whether info shows partition u pinned to this worker's pull.
+func pinnedHere(info *jetstream.ConsumerInfo, u *unit) bool {
+	pin := u.pin.Load()
+	if pin == nil {
+		return false
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == u.group && g.PinnedClientID == *pin {
+			return true
+		}
+	}
+	return false
+}
