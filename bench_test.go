@@ -152,7 +152,7 @@ func benchCallers(b *testing.B, callers int, publish func() error) {
 }
 
 // BenchmarkConsume: drain b.N stored events through the ingest durable, acking each
-// (a plain ack, unconfirmed, in both), with the same pull batch per partition. The
+// (a plain ack, unconfirmed, in all), with the same pull batch per partition. The
 // clock starts at the first delivery: a worker that joins the group listens joinWait
 // (200 ms) for the others before it takes a partition, a one-off cost that would
 // otherwise dominate a short run and is not the consume-and-ack path.
@@ -187,34 +187,65 @@ func BenchmarkConsume(b *testing.B) {
 			b.Fatalf("consumed %d of %d", n.Load(), b.N)
 		}
 	}
-	b.Run("impl=raw", func(b *testing.B) {
-		e := benchBroker(b, true)
-		fill(b, e)
-		js := rawJS(b, e)
-		var n atomic.Int64
-		done := make(chan struct{})
-		b.SetBytes(benchPayload)
-		var ccs []jetstream.ConsumeContext
-		for p := range e.topo.Partitions {
-			cons, err := js.Consumer(context.Background(), e.topo.PartitionStream(p), e.topo.IngestConsumer)
-			if err != nil {
-				b.Fatal(err)
-			}
-			cc, err := cons.Consume(func(m jetstream.Msg) {
+	// raw consumes with nats.go alone; with handOff, its callback passes each event to
+	// one goroutine that acks it, the least a consumer that runs tenants in parallel
+	// beside its pull must do.
+	raw := func(handOff bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			e := benchBroker(b, true)
+			fill(b, e)
+			js := rawJS(b, e)
+			var n atomic.Int64
+			done := make(chan struct{})
+			b.SetBytes(benchPayload)
+			handle := func(m jetstream.Msg) {
 				_ = m.Ack()
 				count(b, &n, done)
-			}, jetstream.PullMaxMessages(e.topo.Prefetch/e.topo.Partitions), jetstream.PullPriorityGroup(e.topo.IngestGroup))
-			if err != nil {
-				b.Fatal(err)
 			}
-			ccs = append(ccs, cc)
+			quit := make(chan struct{})
+			defer close(quit)
+			if handOff {
+				events := make(chan jetstream.Msg, e.topo.Prefetch)
+				ack := handle
+				go func() {
+					for {
+						select {
+						case m := <-events:
+							ack(m)
+						case <-quit:
+							return
+						}
+					}
+				}()
+				handle = func(m jetstream.Msg) {
+					select {
+					case events <- m:
+					case <-quit:
+					}
+				}
+			}
+			var ccs []jetstream.ConsumeContext
+			for p := range e.topo.Partitions {
+				cons, err := js.Consumer(context.Background(), e.topo.PartitionStream(p), e.topo.IngestConsumer)
+				if err != nil {
+					b.Fatal(err)
+				}
+				cc, err := cons.Consume(handle, jetstream.PullMaxMessages(e.topo.Prefetch/e.topo.Partitions),
+					jetstream.PullPriorityGroup(e.topo.IngestGroup))
+				if err != nil {
+					b.Fatal(err)
+				}
+				ccs = append(ccs, cc)
+			}
+			wait(b, &n, done)
+			b.StopTimer()
+			for _, cc := range ccs {
+				cc.Stop()
+			}
 		}
-		wait(b, &n, done)
-		b.StopTimer()
-		for _, cc := range ccs {
-			cc.Stop()
-		}
-	})
+	}
+	b.Run("impl=raw", raw(false))
+	b.Run("impl=raw-handoff", raw(true))
 	b.Run("impl=mq", func(b *testing.B) {
 		e := benchBroker(b, true)
 		fill(b, e)

@@ -79,11 +79,13 @@ func (d *dispatcher) servedFirst(u *unit) {
 	info := cons.CachedInfo()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// Counted: what the server delivers from now on, and what the backlog awaits,
+	// decide whether another worker may hold events of u.
+	u.shared.Store(false)
 	if b := u.backlog; b != nil && b.tenants != nil {
 		return
 	}
 	u.backlog = d.newBacklog(info, nil)
-	u.shared.Store(false) // what counts is what the server delivers from now on
 	c.log.Debug("mq: first delivery of a taken partition", "stream", u.stream, "consumer", d.durable,
 		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream)
 }

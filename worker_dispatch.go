@@ -83,9 +83,10 @@ type unit struct {
 	unsettled atomic.Bool
 	backlog   *backlog // under dispatcher.mu; nil once every event pending at the take arrived
 	// shared: another worker may hold events of u delivered before the server first
-	// served this one (not all of what was pending then arrived here), or the server
-	// pinned u to another worker meanwhile. Release then cannot tell a delivery that
-	// never reached this worker from one held elsewhere (see handBackUnarrived).
+	// served this one (not all of what was pending then arrived here, or they could
+	// not be counted), or the server pinned u to another worker meanwhile. Release
+	// then cannot tell a delivery that never reached this worker from one held
+	// elsewhere (see handBackUnarrived). Set until the first delivery's count.
 	shared atomic.Bool
 }
 
@@ -195,8 +196,10 @@ func (d *dispatcher) take(p int) error {
 }
 
 func (d *dispatcher) newUnit(p int) *unit {
-	return &unit{p: p, stream: d.core.partitions[p], returned: map[uint64]*entry{},
+	u := &unit{p: p, stream: d.core.partitions[p], returned: map[uint64]*entry{},
 		idle: make(chan struct{}), handedBack: make(chan struct{})}
+	u.shared.Store(true)
+	return u
 }
 
 // isOver reports whether the delivery was stopped or has ended by itself: no handler
@@ -213,13 +216,14 @@ func (d *dispatcher) over() bool { return d.stopped || d.reported }
 func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 	if id := m.Headers().Get(pinIDHeader); id != "" {
 		if cur := u.pin.Load(); cur == nil || *cur != id {
+			if cur != nil {
+				u.shared.Store(true) // pinned again: another worker may have been served meanwhile
+			}
 			// A copy: taking id's own address moved it to the heap on every delivery.
 			pin := id
 			u.pin.Store(&pin)
 			if cur == nil {
 				d.servedFirst(u)
-			} else {
-				u.shared.Store(true) // pinned again: another worker may have been served meanwhile
 			}
 		}
 	}

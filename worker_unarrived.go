@@ -2,6 +2,7 @@ package mq
 
 import (
 	"context"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -23,12 +24,16 @@ const maxUnarrivedScan = 1 << 14
 // u's durable has pending, as info found it after held was handed back, that this
 // worker neither holds nor runs: the server delivered it to this worker's pull, and it
 // never arrived. It reports false, leaving such events to the ack wait, when another
-// worker may hold one (u.shared, or the server pins u to another), when a call of u
-// still runs (its event must come back before its tenant's later ones), or when the
-// events cannot be put back.
+// worker may hold one (u.shared, a backlog not ended yet, or the server pins u to
+// another), when a call of u still runs (its event must come back before its tenant's
+// later ones), when there is nothing of this worker's to put back, or when the events
+// cannot be put back. Each gets the hand-back's two naks (see handBack), so a server
+// restarted meanwhile still has it due now; one the host nak'ed with a delay after its
+// call comes back at once, as a handler's delayed nak does at a hand-back.
 func (d *dispatcher) handBackUnarrived(ctx context.Context, u *unit, info *jetstream.ConsumerInfo, held []*entry) bool {
 	floor, last := info.AckFloor.Stream, info.Delivered.Stream
-	if u.group == "" || u.shared.Load() || last <= floor || last-floor > maxUnarrivedScan || !pinnedHere(info, u) {
+	// The pin before shared: arrive marks u shared before it stores a new pin.
+	if u.group == "" || !pinnedHere(info, u) || u.shared.Load() || last <= floor || last-floor > maxUnarrivedScan {
 		return false
 	}
 	ours := make(map[uint64]bool, len(held))
@@ -36,11 +41,13 @@ func (d *dispatcher) handBackUnarrived(ctx context.Context, u *unit, info *jetst
 		ours[e.seq] = true
 	}
 	d.mu.Lock()
-	if u.running > 0 {
+	// A backlog still open counts events that may be held elsewhere and not arrived
+	// yet: u is not known unshared until it ends.
+	if u.running > 0 || u.backlog != nil {
 		d.mu.Unlock()
 		return false
 	}
-	for _, gone := range append(d.given, u) {
+	for _, gone := range slices.Concat(d.given, []*unit{u}) {
 		if gone.p != u.p {
 			continue
 		}
@@ -57,11 +64,14 @@ func (d *dispatcher) handBackUnarrived(ctx context.Context, u *unit, info *jetst
 		}
 	}
 	d.mu.Unlock()
+	if len(seqs) == 0 {
+		return false // the excess is not this worker's to explain
+	}
 	subjects := make([]string, len(seqs))
 	for i, seq := range seqs {
 		subjects[i] = builtAckSubject(u.stream, d.durable, seq, info.Delivered.Consumer)
 	}
-	n, err := d.nakConfirmed(ctx, subjects, [][]byte{ackNak}, "")
+	n, err := d.nakConfirmed(ctx, subjects, handBackNaks, "")
 	if err != nil {
 		d.core.log.Info("mq: could not hand back the events of a partition delivered as it was released",
 			"stream", u.stream, "consumer", d.durable, "naked", n, "of", len(subjects), "error", err)

@@ -77,52 +77,83 @@ func TestWorker_AnEventSentToAStoppingWorkerThatNeverReachedItGoesToTheNextWorke
 }
 
 // A worker that took a partition while another worker's host still held one of its
-// events cannot tell that event from one sent to it that never arrived. Its release
-// must leave it to the host that holds it, not hand it to a third worker.
+// events cannot tell that event from one sent to it that never arrived: not once its
+// backlog ended without it, nor while the backlog still waits for it. Its release must
+// leave the event to the host that holds it, not hand it to a third worker.
 func TestWorker_AStoppingWorkerNeverHandsOnAnEventAnotherWorkersHostStillHolds(t *testing.T) {
 	t.Parallel()
-	f := newExternalFixture(t)
-	holder, second := f.broker(t), f.broker(t)
-	ctx := testCtx(t)
-	topic := Topic{Tenant: "acme", Table: "held-elsewhere"}
-	consume := func(b *ExternalNATS, handle Handler) (stop func()) {
-		c, err := b.CreateConsumer(ctx, ConsumerConfig{})
-		require.NoError(t, err)
-		stop, _, err = c.Consume(handle, 0)
-		require.NoError(t, err)
-		t.Cleanup(stop)
-		return stop
-	}
-	await := func(ch <-chan *Message, data string) *Message {
-		t.Helper()
-		select {
-		case m := <-ch:
-			require.Equal(t, data, string(m.Data))
-			return m
-		case <-time.After(15 * time.Second):
-			t.Fatalf("%q never came", data)
-			return nil
-		}
-	}
+	for _, c := range []struct {
+		name string
+		// backlogOpen: the new event is stored before the second worker pulls, so
+		// its first delivery still leaves the held one due, and it stops at once.
+		backlogOpen bool
+	}{
+		{name: "after its backlog ended"},
+		{name: "while its backlog waits", backlogOpen: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newExternalFixture(t)
+			holder, second := f.broker(t), f.broker(t)
+			ctx := testCtx(t)
+			topic := Topic{Tenant: "acme", Table: "held-elsewhere"}
+			stream, _ := storedOn(t, f, holder, topic)
+			consume := func(b *ExternalNATS, handle Handler) (stop func()) {
+				cons, err := b.CreateConsumer(ctx, ConsumerConfig{})
+				require.NoError(t, err)
+				stop, _, err = cons.Consume(handle, 0)
+				require.NoError(t, err)
+				t.Cleanup(stop)
+				return stop
+			}
+			await := func(ch <-chan *Message, data string) *Message {
+				t.Helper()
+				select {
+				case m := <-ch:
+					require.Equal(t, data, string(m.Data))
+					return m
+				case <-time.After(15 * time.Second):
+					t.Fatalf("%q never came", data)
+					return nil
+				}
+			}
 
-	held := make(chan *Message, 1)
-	stopHolder := consume(holder, func(m *Message) error { held <- m; return nil }) // the host settles it later
-	require.NoError(t, second.Publish(ctx, topic, []byte("held")))
-	m := await(held, "held")
-	stopHolder()
+			held := make(chan *Message, 1)
+			stopHolder := consume(holder, func(m *Message) error { held <- m; return nil }) // the host settles it later
+			require.NoError(t, second.Publish(ctx, topic, []byte("held")))
+			m := await(held, "held")
+			stopHolder()
 
-	got := make(chan *Message, 16)
-	stopSecond := consume(second, func(m *Message) error { got <- m; return m.Ack() })
-	require.NoError(t, second.Publish(ctx, topic, []byte("after")))
-	await(got, "after")
-	stopSecond()
+			got := make(chan *Message, 16)
+			if c.backlogOpen {
+				require.NoError(t, second.Publish(ctx, topic, []byte("after")))
+				stopSecond := consume(second, func(m *Message) error { got <- m; return m.Ack() })
+				require.Eventually(t, func() bool {
+					cons, err := f.admin.Consumer(ctx, stream, holder.topo.IngestConsumer)
+					require.NoError(t, err)
+					return cons.CachedInfo().Delivered.Stream == 2
+				}, 10*time.Second, time.Millisecond, "the server never sent the second worker its event")
+				stopSecond()
+			} else {
+				stopSecond := consume(second, func(m *Message) error { got <- m; return m.Ack() })
+				require.NoError(t, second.Publish(ctx, topic, []byte("after")))
+				await(got, "after")
+				stopSecond()
+			}
 
-	third := make(chan *Message, 16)
-	consume(second, func(m *Message) error { third <- m; return m.Ack() })
-	select {
-	case m := <-third:
-		t.Fatalf("a third worker got %q (attempt %d) while the first worker's host still held it", m.Data, m.Attempt)
-	case <-time.After(3 * time.Second):
+			third := make(chan *Message, 16)
+			consume(second, func(m *Message) error { third <- m; return m.Ack() })
+			deadline := time.After(3 * time.Second)
+			for done := false; !done; {
+				select {
+				case got := <-third:
+					assert.NotEqual(t, "held", string(got.Data),
+						"a third worker got the event (attempt %d) while the first worker's host still held it", got.Attempt)
+				case <-deadline:
+					done = true
+				}
+			}
+			require.NoError(t, m.Ack())
+		})
 	}
-	require.NoError(t, m.Ack())
 }
