@@ -13,7 +13,7 @@ import (
 // The backlog of a partition the worker takes: events the durable had delivered and
 // not seen acknowledged, which come back out of sequence order. A tenant's lane must
 // not run past one of its events still to come back. It is counted at the take and
-// again at the first delivery after it (servedFirst).
+// again at the first delivery after it, and under a new pin (served).
 
 // backlog is what a partition had pending when this worker took it: the events its
 // previous owner handed back or left to the ack wait. The server redelivers them from
@@ -59,16 +59,18 @@ func (d *dispatcher) newBacklog(info *jetstream.ConsumerInfo, tenants map[Tenant
 		lastAt: now, until: now.Add(cmp.Or(info.Config.AckWait, d.core.topo.AckWait) + redeliverySlack), tenants: tenants}
 }
 
-// servedFirst counts again what partition u has pending when the server first
-// delivers to this worker after its take, before that delivery is filed. The take's
-// count is stale when another worker held the partition meanwhile: two workers that
-// both took it (each saw it free) pull it, the server serves the one it pinned, and
-// the other gets nothing until that one hands it over; by then its backlog had ended
-// for want of arrivals, and the events handed over, some put back behind later ones
-// by the server, ran in the order they came (the chaos probe: a tenant's event 209
-// before 207 and 208, 1 run in about 12). A backlog noted at open is exact and kept;
+// served counts again what partition u has pending when the server first delivers to
+// this worker after its take (first), or under a new pin, before that delivery is
+// filed. The take's count is stale when another worker held the partition meanwhile:
+// two workers that both took it (each saw it free) pull it, the server serves the one
+// it pinned, and the other gets nothing until that one hands it over; by then its
+// backlog had ended for want of arrivals, and the events handed over, some put back
+// behind later ones by the server, ran in the order they came (the chaos probe: a
+// tenant's event 209 before 207 and 208, 1 run in about 12). A new pin means the same:
+// the server unpinned this worker (a stall longer than the pinned TTL, or an operator)
+// and may have served another meanwhile. A backlog noted at open is exact and kept;
 // when the server cannot be asked, the take's stands.
-func (d *dispatcher) servedFirst(u *unit) {
+func (d *dispatcher) served(u *unit, first bool) {
 	c := d.core
 	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
 	defer cancel()
@@ -79,14 +81,22 @@ func (d *dispatcher) servedFirst(u *unit) {
 	info := cons.CachedInfo()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	// Counted: what the server delivers from now on, and what the backlog awaits,
-	// decide whether another worker may hold events of u.
-	u.shared.Store(false)
+	if first {
+		// Counted: what the server delivers from now on, and what the backlog
+		// awaits, decide whether another worker may hold events of u.
+		u.shared.Store(false)
+	}
 	if b := u.backlog; b != nil && b.tenants != nil {
 		return
 	}
+	// Under a new pin the count includes what this worker still holds, which does
+	// not come again: the backlog then ends by the quiet rule or a new event.
 	u.backlog = d.newBacklog(info, nil)
-	c.log.Debug("mq: first delivery of a taken partition", "stream", u.stream, "consumer", d.durable,
+	msg := "mq: first delivery of a taken partition"
+	if !first {
+		msg = "mq: a partition was pinned to this worker again"
+	}
+	c.log.Debug(msg, "stream", u.stream, "consumer", d.durable,
 		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream)
 }
 

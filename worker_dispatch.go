@@ -222,9 +222,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			// A copy: taking id's own address moved it to the heap on every delivery.
 			pin := id
 			u.pin.Store(&pin)
-			if cur == nil {
-				d.servedFirst(u)
-			}
+			d.served(u, cur == nil)
 		}
 	}
 	e := &entry{m: m, d: d, u: u, part: u.p, ackWait: u.ackWait, extended: time.Now()}

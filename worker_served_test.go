@@ -26,10 +26,7 @@ import (
 func TestWorker_AWorkerServedAPartitionOnlyOnceAnotherHandedItOverCountsWhatIsPendingThen(t *testing.T) {
 	f := newExternalFixture(t)
 	first := f.broker(t)
-	var logs syncBuffer
-	second := f.broker(t, func(c *NATSConfig) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	})
+	second, logs := debugLogged(t, f)
 	ctx := testCtx(t)
 	tp := Topic{Tenant: "acme", Table: "t"}
 	_, p, err := first.core.subs.ingestTopic(tp)
@@ -89,11 +86,65 @@ func TestWorker_AWorkerServedAPartitionOnlyOnceAnotherHandedItOverCountsWhatIsPe
 	mu.Lock()
 	assert.Equal(t, []string{"1", "2", "3", "4", "5"}, calls)
 	mu.Unlock()
-	var served string
-	for line := range strings.Lines(logs.String()) {
-		if strings.Contains(line, "first delivery of a taken partition") {
-			served = line
+	assert.Contains(t, lastLogged(logs, "first delivery of a taken partition"), "ack_pending=5", "when first served, the second worker counts the five handed over as pending")
+}
+
+// TestWorker_AWorkerPinnedAgainCountsWhatIsPendingThen: the server unpins a partition
+// from the worker consuming it (here an operator does; a stall longer than the pinned
+// TTL does too) and pins it to the worker again under a new pin. Another worker may
+// have been served meanwhile and handed events back, so the worker counts the
+// partition's pending events again before it files the first delivery under the new
+// pin, as it does at its first delivery, and goes on handling events.
+func TestWorker_AWorkerPinnedAgainCountsWhatIsPendingThen(t *testing.T) {
+	f := newExternalFixture(t)
+	w, logs := debugLogged(t, f)
+	ctx := testCtx(t)
+	tp := Topic{Tenant: "acme", Table: "t"}
+	_, p, err := w.core.subs.ingestTopic(tp)
+	require.NoError(t, err)
+	c, err := w.CreateConsumer(ctx, ConsumerConfig{Partitions: []int{p}})
+	require.NoError(t, err)
+	got := make(chan string, 4)
+	stop, _, err := c.Consume(func(m *Message) error { got <- string(m.Data); return m.Ack() }, 0)
+	require.NoError(t, err)
+	defer stop()
+	await := func(data string) {
+		t.Helper()
+		select {
+		case d := <-got:
+			require.Equal(t, data, d)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%q never came", data)
 		}
 	}
-	assert.Contains(t, served, "ack_pending=5", "when first served, the second worker counts the five handed over as pending")
+	require.NoError(t, w.Publish(ctx, tp, []byte("first")))
+	await("first")
+	require.NotContains(t, logs.String(), "pinned to this worker again")
+
+	stream, err := f.admin.Stream(ctx, w.topo.PartitionStream(p))
+	require.NoError(t, err)
+	require.NoError(t, stream.UnpinConsumer(ctx, w.topo.IngestConsumer, w.topo.IngestGroup))
+	require.NoError(t, w.Publish(ctx, tp, []byte("second")))
+	await("second")
+	assert.Contains(t, lastLogged(logs, "pinned to this worker again"), "ack_pending=1", "under the new pin the worker counts the one event pending, the one just delivered")
+}
+
+// debugLogged boots an ExternalNATS on f that logs at Debug into the buffer returned.
+func debugLogged(t *testing.T, f *externalFixture) (*ExternalNATS, *syncBuffer) {
+	t.Helper()
+	logs := new(syncBuffer)
+	return f.broker(t, func(c *NATSConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}), logs
+}
+
+// lastLogged is the last line of logs that contains msg, or "".
+func lastLogged(logs *syncBuffer, msg string) string {
+	var last string
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, msg) {
+			last = line
+		}
+	}
+	return last
 }
