@@ -66,16 +66,20 @@ func (d *dispatcher) newBacklog(info *jetstream.ConsumerInfo, tenants map[Tenant
 // it pinned, and the other gets nothing until that one hands it over; by then its
 // backlog had ended for want of arrivals, and the events handed over, some put back
 // behind later ones by the server, ran in the order they came (the chaos probe: a
-// tenant's event 209 before 207 and 208, 1 run in about 12). A new pin means the same:
-// the server unpinned this worker (a stall longer than the pinned TTL, or an operator)
-// and may have served another meanwhile. A backlog noted at open is exact and kept;
-// when the server cannot be asked, the take's stands.
+// tenant's event 209 before 207 and 208, 1 run in about 12). A new pin after a gap in
+// the durable's delivery sequence means the same: the server served another puller
+// meanwhile. A backlog noted at open is exact and kept at the first delivery; when the
+// server cannot be asked, the take's stands.
 func (d *dispatcher) served(u *unit, first bool) {
 	c := d.core
 	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
 	defer cancel()
 	cons, err := c.js.Consumer(ctx, u.stream, d.durable)
 	if err != nil {
+		if !first {
+			c.log.Info("mq: cannot count a partition pinned to this worker again; its tenants do not wait for what another worker handed back",
+				"stream", u.stream, "consumer", d.durable, "error", err)
+		}
 		return
 	}
 	info := cons.CachedInfo()
@@ -86,7 +90,7 @@ func (d *dispatcher) served(u *unit, first bool) {
 		// awaits, decide whether another worker may hold events of u.
 		u.shared.Store(false)
 	}
-	if b := u.backlog; b != nil && b.tenants != nil {
+	if b := u.backlog; first && b != nil && b.tenants != nil {
 		return
 	}
 	// Under a new pin the count includes what this worker still holds, which does

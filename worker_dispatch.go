@@ -82,6 +82,9 @@ type unit struct {
 	// (see release); the next owner must wait an ack wait for them.
 	unsettled atomic.Bool
 	backlog   *backlog // under dispatcher.mu; nil once every event pending at the take arrived
+	// lastDelivery is the durable's delivery sequence of the last event that reached
+	// this worker (read and written by u's delivery goroutine alone).
+	lastDelivery uint64
 	// shared: another worker may hold events of u delivered before the server first
 	// served this one (not all of what was pending then arrived here, or they could
 	// not be counted), or the server pinned u to another worker meanwhile. Release
@@ -214,21 +217,31 @@ func (d *dispatcher) over() bool { return d.stopped || d.reported }
 
 // arrive files a delivery into its tenant's lane.
 func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
+	meta, metaErr := m.Metadata()
 	if id := m.Headers().Get(pinIDHeader); id != "" {
 		if cur := u.pin.Load(); cur == nil || *cur != id {
-			if cur != nil {
-				u.shared.Store(true) // pinned again: another worker may have been served meanwhile
+			// Pinned again (the server unpinned this worker: a stall or a full lane
+			// that kept it from pulling for the pinned TTL, a server restart, an
+			// operator). The server numbers every delivery of the durable, whoever
+			// gets it: when this one follows the last this worker got, nobody else was
+			// served meanwhile, and nothing changed.
+			moved := cur != nil && (metaErr != nil || meta.Sequence.Consumer != u.lastDelivery+1)
+			if moved {
+				u.shared.Store(true) // before the pin: see handBackUnarrived
 			}
 			// A copy: taking id's own address moved it to the heap on every delivery.
 			pin := id
 			u.pin.Store(&pin)
-			d.served(u, cur == nil)
+			if cur == nil || moved {
+				d.served(u, cur == nil)
+			}
 		}
 	}
 	e := &entry{m: m, d: d, u: u, part: u.p, ackWait: u.ackWait, extended: time.Now()}
 	var ts time.Time
 	ref := eventRef{partition: -1}
-	if meta, err := m.Metadata(); err == nil {
+	if metaErr == nil {
+		u.lastDelivery = meta.Sequence.Consumer
 		e.seq, e.attempt, ts = meta.Sequence.Stream, int(meta.NumDelivered), meta.Timestamp
 		ref = eventRef{u.p, e.seq}
 	}

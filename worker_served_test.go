@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -89,44 +90,107 @@ func TestWorker_AWorkerServedAPartitionOnlyOnceAnotherHandedItOverCountsWhatIsPe
 	assert.Contains(t, lastLogged(logs, "first delivery of a taken partition"), "ack_pending=5", "when first served, the second worker counts the five handed over as pending")
 }
 
-// TestWorker_AWorkerPinnedAgainCountsWhatIsPendingThen: the server unpins a partition
-// from the worker consuming it (here an operator does; a stall longer than the pinned
-// TTL does too) and pins it to the worker again under a new pin. Another worker may
-// have been served meanwhile and handed events back, so the worker counts the
-// partition's pending events again before it files the first delivery under the new
-// pin, as it does at its first delivery, and goes on handling events.
-func TestWorker_AWorkerPinnedAgainCountsWhatIsPendingThen(t *testing.T) {
+// TestWorker_AWorkerPinnedAgainAfterNobodyElseWasServedGoesOnWithoutACount: an
+// operator unpins the partition from the worker consuming it, and the server pins it
+// to the worker again. Its next delivery follows the last one it got in the durable's
+// delivery sequence, so nobody else was served meanwhile: the worker goes on without
+// counting again (a count would hold the partition's lanes).
+func TestWorker_AWorkerPinnedAgainAfterNobodyElseWasServedGoesOnWithoutACount(t *testing.T) {
 	f := newExternalFixture(t)
 	w, logs := debugLogged(t, f)
 	ctx := testCtx(t)
 	tp := Topic{Tenant: "acme", Table: "t"}
-	_, p, err := w.core.subs.ingestTopic(tp)
+	got, p := consumeRecorded(t, w, tp)
+	require.NoError(t, w.Publish(ctx, tp, []byte("first")))
+	awaitData(t, got, "first")
+
+	unpin(t, f, w, p)
+	require.NoError(t, w.Publish(ctx, tp, []byte("second")))
+	awaitData(t, got, "second")
+	assert.Empty(t, lastLogged(logs, "pinned to this worker again"), "the worker counted again though nobody else was served")
+}
+
+// TestWorker_AWorkerPinnedAgainAfterAnotherWasServedCountsWhatIsPendingThen: the
+// worker stops pulling for a while (here a proxy holds what it sends; a stall or full
+// lanes do the same), the server unpins it, and another puller is served an event and
+// hands it back. When the server pins the partition to the worker again, the gap in
+// the durable's delivery sequence shows another was served, so the worker counts the
+// pending events again before it files the delivery, as at its first, and its tenant
+// gets the handed-back event before the later one.
+func TestWorker_AWorkerPinnedAgainAfterAnotherWasServedCountsWhatIsPendingThen(t *testing.T) {
+	f := newExternalFixture(t)
+	proxy := newLoopbackProxy(t, f.srv.Addr().String())
+	var logs syncBuffer
+	w := f.broker(t, func(c *NATSConfig) {
+		c.URLs = []string{proxy.URL()}
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	pub := f.broker(t) // publishes on a connection of its own
+	ctx := testCtx(t)
+	tp := Topic{Tenant: "acme", Table: "t"}
+	got, p := consumeRecorded(t, w, tp)
+	require.NoError(t, pub.Publish(ctx, tp, []byte("first")))
+	awaitData(t, got, "first")
+
+	proxy.holdFromClient() // the worker's pulls stop reaching the server
+	stream := w.topo.PartitionStream(p)
+	cons, err := f.admin.Consumer(ctx, stream, w.topo.IngestConsumer)
 	require.NoError(t, err)
-	c, err := w.CreateConsumer(ctx, ConsumerConfig{Partitions: []int{p}})
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumWaiting == 0
+	}, 20*time.Second, 50*time.Millisecond, "the worker's pull never expired")
+	unpin(t, f, w, p)
+	require.NoError(t, pub.Publish(ctx, tp, []byte("between")))
+	batch, err := cons.Fetch(1, jetstream.FetchPriorityGroup(w.topo.IngestGroup), jetstream.FetchMaxWait(5*time.Second))
 	require.NoError(t, err)
-	got := make(chan string, 4)
+	for m := range batch.Messages() {
+		require.Equal(t, "between", string(m.Data()))
+		require.NoError(t, m.Nak()) // handed back
+	}
+	require.NoError(t, batch.Error())
+	unpin(t, f, w, p)
+	require.NoError(t, pub.Publish(ctx, tp, []byte("second")))
+	proxy.release()
+
+	awaitData(t, got, "between")
+	awaitData(t, got, "second")
+	assert.Contains(t, lastLogged(&logs, "pinned to this worker again"), "ack_pending=",
+		"the worker did not count again though another puller was served meanwhile")
+}
+
+// consumeRecorded starts a worker on w claiming topic's partition, p, whose handler
+// acks each event and sends its data to got.
+func consumeRecorded(t *testing.T, w *ExternalNATS, topic Topic) (got chan string, p int) {
+	t.Helper()
+	_, p, err := w.core.subs.ingestTopic(topic)
+	require.NoError(t, err)
+	c, err := w.CreateConsumer(testCtx(t), ConsumerConfig{Partitions: []int{p}})
+	require.NoError(t, err)
+	got = make(chan string, 16)
 	stop, _, err := c.Consume(func(m *Message) error { got <- string(m.Data); return m.Ack() }, 0)
 	require.NoError(t, err)
-	defer stop()
-	await := func(data string) {
-		t.Helper()
-		select {
-		case d := <-got:
-			require.Equal(t, data, d)
-		case <-time.After(15 * time.Second):
-			t.Fatalf("%q never came", data)
-		}
-	}
-	require.NoError(t, w.Publish(ctx, tp, []byte("first")))
-	await("first")
-	require.NotContains(t, logs.String(), "pinned to this worker again")
+	t.Cleanup(stop)
+	return got, p
+}
 
-	stream, err := f.admin.Stream(ctx, w.topo.PartitionStream(p))
+// awaitData waits for the next data on got, which must be data.
+func awaitData(t *testing.T, got <-chan string, data string) {
+	t.Helper()
+	select {
+	case d := <-got:
+		require.Equal(t, data, d)
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%q never came", data)
+	}
+}
+
+// unpin unpins partition p of w's ingest durable, as an operator would.
+func unpin(t *testing.T, f *externalFixture, w *ExternalNATS, p int) {
+	t.Helper()
+	stream, err := f.admin.Stream(testCtx(t), w.topo.PartitionStream(p))
 	require.NoError(t, err)
-	require.NoError(t, stream.UnpinConsumer(ctx, w.topo.IngestConsumer, w.topo.IngestGroup))
-	require.NoError(t, w.Publish(ctx, tp, []byte("second")))
-	await("second")
-	assert.Contains(t, lastLogged(logs, "pinned to this worker again"), "ack_pending=1", "under the new pin the worker counts the one event pending, the one just delivered")
+	require.NoError(t, stream.UnpinConsumer(testCtx(t), w.topo.IngestConsumer, w.topo.IngestGroup))
 }
 
 // debugLogged boots an ExternalNATS on f that logs at Debug into the buffer returned.
