@@ -165,13 +165,21 @@ func consumeRecorded(t *testing.T, w *ExternalNATS, topic Topic) (got chan strin
 	t.Helper()
 	_, p, err := w.core.subs.ingestTopic(topic)
 	require.NoError(t, err)
-	c, err := w.CreateConsumer(testCtx(t), ConsumerConfig{Partitions: []int{p}})
-	require.NoError(t, err)
 	got = make(chan string, 16)
-	stop, _, err := c.Consume(func(m *Message) error { got <- string(m.Data); return m.Ack() }, 0)
+	startConsume(t, w, ConsumerConfig{Partitions: []int{p}}, func(m *Message) error { got <- string(m.Data); return m.Ack() })
+	return got, p
+}
+
+// startConsume starts a worker of cfg on b with handle, stopped at cleanup if the
+// test has not stopped it.
+func startConsume(t *testing.T, b *ExternalNATS, cfg ConsumerConfig, handle Handler) (stop func()) {
+	t.Helper()
+	c, err := b.CreateConsumer(testCtx(t), cfg)
+	require.NoError(t, err)
+	stop, _, err = c.Consume(handle, 0)
 	require.NoError(t, err)
 	t.Cleanup(stop)
-	return got, p
+	return stop
 }
 
 // awaitData waits for the next data on got, which must be data.

@@ -32,10 +32,7 @@ func TestWorker_AnEventSentToAStoppingWorkerThatNeverReachedItGoesToTheNextWorke
 	}
 
 	got := make(chan *Message, 16)
-	c, err := first.CreateConsumer(ctx, ConsumerConfig{})
-	require.NoError(t, err)
-	stop, _, err := c.Consume(func(m *Message) error { got <- m; return m.Ack() }, 0)
-	require.NoError(t, err)
+	stop := startConsume(t, first, ConsumerConfig{}, func(m *Message) error { got <- m; return m.Ack() })
 	require.NoError(t, next.Publish(ctx, topic, []byte("arrives")))
 	select {
 	case m := <-got:
@@ -62,11 +59,7 @@ func TestWorker_AnEventSentToAStoppingWorkerThatNeverReachedItGoesToTheNextWorke
 	}
 
 	gotNext := make(chan *Message, 16)
-	cn, err := next.CreateConsumer(ctx, ConsumerConfig{})
-	require.NoError(t, err)
-	stopNext, _, err := cn.Consume(func(m *Message) error { gotNext <- m; return m.Ack() }, 0)
-	require.NoError(t, err)
-	t.Cleanup(stopNext)
+	startConsume(t, next, ConsumerConfig{}, func(m *Message) error { gotNext <- m; return m.Ack() })
 	select {
 	case m := <-gotNext:
 		assert.Equal(t, "never-arrives", string(m.Data))
@@ -99,12 +92,7 @@ func TestWorker_AStoppingWorkerNeverHandsOnAnEventAnotherWorkersHostStillHolds(t
 			topic := Topic{Tenant: "acme", Table: "held-elsewhere"}
 			stream, _ := storedOn(t, f, holder, topic)
 			consume := func(b *ExternalNATS, handle Handler) (stop func()) {
-				cons, err := b.CreateConsumer(ctx, ConsumerConfig{})
-				require.NoError(t, err)
-				stop, _, err = cons.Consume(handle, 0)
-				require.NoError(t, err)
-				t.Cleanup(stop)
-				return stop
+				return startConsume(t, b, ConsumerConfig{}, handle)
 			}
 			await := func(ch <-chan *Message, data string) *Message {
 				t.Helper()
