@@ -167,24 +167,41 @@ func BenchmarkConsume(b *testing.B) {
 			}
 		}
 	}
-	// count counts one delivery, restarting the clock at the first; the atomic add
-	// orders the reset before the close of done.
-	count := func(b *testing.B, n *atomic.Int64, done chan struct{}) {
-		switch n.Add(1) {
+	// A run counts its deliveries, restarting the clock at the first; the atomic add
+	// orders the reset before the close of done. It also reports the process's CPU
+	// time per event (server and client together, both in this process): on a machine
+	// whose cores are all busy, the library's own cost shows there first.
+	type run struct {
+		n    atomic.Int64
+		done chan struct{}
+		cpu  atomic.Int64 // processCPU at the first delivery, or -1
+	}
+	start := func() *run { return &run{done: make(chan struct{})} }
+	count := func(b *testing.B, r *run) {
+		switch r.n.Add(1) {
 		case 1:
+			cpu, ok := processCPU()
+			r.cpu.Store(int64(cpu))
+			if !ok {
+				r.cpu.Store(-1)
+			}
 			b.ResetTimer()
 			if b.N == 1 {
-				close(done)
+				close(r.done)
 			}
 		case int64(b.N):
-			close(done)
+			close(r.done)
 		}
 	}
-	wait := func(b *testing.B, n *atomic.Int64, done chan struct{}) {
+	wait := func(b *testing.B, r *run) {
 		select {
-		case <-done:
+		case <-r.done:
 		case <-time.After(time.Minute):
-			b.Fatalf("consumed %d of %d", n.Load(), b.N)
+			b.Fatalf("consumed %d of %d", r.n.Load(), b.N)
+		}
+		b.StopTimer()
+		if cpu, ok := processCPU(); ok && r.cpu.Load() >= 0 {
+			b.ReportMetric(float64(int64(cpu)-r.cpu.Load())/float64(b.N), "cpu-ns/op")
 		}
 	}
 	// raw consumes with nats.go alone; with handOff, its callback passes each event to
@@ -195,12 +212,11 @@ func BenchmarkConsume(b *testing.B) {
 			e := benchBroker(b, true)
 			fill(b, e)
 			js := rawJS(b, e)
-			var n atomic.Int64
-			done := make(chan struct{})
+			r := start()
 			b.SetBytes(benchPayload)
 			handle := func(m jetstream.Msg) {
 				_ = m.Ack()
-				count(b, &n, done)
+				count(b, r)
 			}
 			quit := make(chan struct{})
 			defer close(quit)
@@ -237,8 +253,7 @@ func BenchmarkConsume(b *testing.B) {
 				}
 				ccs = append(ccs, cc)
 			}
-			wait(b, &n, done)
-			b.StopTimer()
+			wait(b, r)
 			for _, cc := range ccs {
 				cc.Stop()
 			}
@@ -253,19 +268,17 @@ func BenchmarkConsume(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var n atomic.Int64
-		done := make(chan struct{})
+		r := start()
 		b.SetBytes(benchPayload)
 		stop, _, err := c.Consume(func(m *Message) error {
 			_ = m.Ack()
-			count(b, &n, done)
+			count(b, r)
 			return nil
 		}, 0)
 		if err != nil {
 			b.Fatal(err)
 		}
-		wait(b, &n, done)
-		b.StopTimer()
+		wait(b, r)
 		stop()
 	})
 }

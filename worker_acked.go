@@ -25,10 +25,10 @@ type acked struct {
 	ring  []uint64 // in ack order from next on, once full
 	next  int      // where the next sequence goes once ring is full
 	limit int
-	// set holds what ring holds: a copy is looked up under the dispatcher's lock, and
+	// bits holds what ring holds: a copy is looked up under the dispatcher's lock, and
 	// a scan of 10,000 sequences took 6 µs (measured), for each of up to as many
 	// copies after a stall.
-	set map[uint64]struct{}
+	bits seqBits
 }
 
 // ackedLimit is how many sequences a durable's maxAckPending calls for.
@@ -40,7 +40,7 @@ func ackedLimit(maxAckPending int) int {
 }
 
 func newAcked(maxAckPending int) *acked {
-	return &acked{limit: ackedLimit(maxAckPending), set: map[uint64]struct{}{}}
+	return &acked{limit: ackedLimit(maxAckPending), bits: newSeqBits()}
 }
 
 // ackedOn is what this worker remembers of its acks on partition p, under a durable
@@ -71,15 +71,14 @@ func (a *acked) add(seq uint64) {
 	if a == nil {
 		return // a unit whose pull never started
 	}
-	if _, ok := a.set[seq]; ok {
+	if !a.bits.set(seq) {
 		return // acked twice (a DoubleAck after an Ack): remembered already
 	}
-	a.set[seq] = struct{}{}
 	if len(a.ring) < a.limit {
 		a.ring = append(a.ring, seq)
 		return
 	}
-	delete(a.set, a.ring[a.next])
+	a.bits.clear(a.ring[a.next])
 	a.ring[a.next] = seq
 	a.next = (a.next + 1) % len(a.ring)
 }
@@ -89,8 +88,7 @@ func (a *acked) has(seq uint64) bool {
 	if a == nil {
 		return false
 	}
-	_, ok := a.set[seq]
-	return ok
+	return a.bits.has(seq)
 }
 
 // copyOfAcked reports whether e is a redelivery of an event acked already.

@@ -80,6 +80,7 @@ func (d *dispatcher) keepAlive() {
 				}
 			}
 		}
+		d.sweepLanes()
 		d.mu.Unlock()
 		for _, e := range waiting {
 			_ = e.m.InProgress()

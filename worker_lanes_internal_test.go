@@ -1,0 +1,30 @@
+package mq
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// An emptied lane is kept for its tenant's next event, and dropped once it stayed
+// empty from one sweep to the next, so a worker that served many tenants once does not
+// keep a lane for each of them.
+func TestSweepLanes_DropsALaneOnlyOnceItStayedEmptyForAWholeSweep(t *testing.T) {
+	d := &dispatcher{lanes: map[TenantID]*lane{}}
+	idle := &lane{tenant: "idle", used: true}
+	waiting := &lane{tenant: "waiting", queue: []*entry{{seq: 1}}}
+	running := &lane{tenant: "running", running: &entry{seq: 2}}
+	held := &lane{tenant: "held", blocked: &entry{seq: 3}}
+	for _, l := range []*lane{idle, waiting, running, held} {
+		d.lanes[l.tenant] = l
+	}
+
+	d.sweepLanes()
+	assert.Same(t, idle, d.lanes["idle"], "a lane used since the last sweep was dropped")
+
+	d.sweepLanes()
+	assert.NotContains(t, d.lanes, TenantID("idle"), "a lane empty for a whole sweep was kept")
+	for _, l := range []*lane{waiting, running, held} {
+		assert.Same(t, l, d.lanes[l.tenant], "lane %s holds an event and was dropped", l.tenant)
+	}
+}
