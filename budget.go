@@ -194,6 +194,13 @@ func (b *budgets) cancel(r *reservation) {
 	b.used[r.tenant] -= r.charged
 }
 
+// acknowledged reports whether the event at ref is known acknowledged.
+func (b *budgets) acknowledged(ref eventRef) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return ref.partition >= 0 && ref.partition < len(b.acked) && b.acked[ref.partition].has(ref.seq)
+}
+
 // counted reports whether the event at ref is held or acknowledged.
 func (b *budgets) counted(ref eventRef) bool {
 	b.mu.Lock()

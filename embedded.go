@@ -242,6 +242,7 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	}
 	e.core = newNATSCore(e.topo, nc, e.js, e.log, newTracer(opts.TracerProvider), inst)
 	e.core.settler = e.settler
+	e.core.ackedHere = e.budgets.acknowledged
 	e.core.chunkBatches = !opts.NoSync
 	if e.core.chunkBatches {
 		e.commits = newCoalescer(e.core, e.settleReserved)

@@ -49,6 +49,9 @@ type natsCore struct {
 	// caller owns for a settler of EmbeddedNATS's (the worker's delivery entry), so
 	// wrapping allocates nothing.
 	settler func(m jetstream.Msg, ref eventRef, into *budgetSettler) Settler
+	// ackedHere, when set, reports whether the event at ref is known acknowledged:
+	// EmbeddedNATS's budgets hear of every ack made in this process.
+	ackedHere func(ref eventRef) bool
 	// lostTopology is told when a publish finds its stream gone or its subject held
 	// by another stream.
 	lostTopology func(stream string, err error)

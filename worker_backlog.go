@@ -68,8 +68,8 @@ func (d *dispatcher) newBacklog(info *jetstream.ConsumerInfo, tenants map[Tenant
 // behind later ones by the server, ran in the order they came (the chaos probe: a
 // tenant's event 209 before 207 and 208, 1 run in about 12). A new pin after a gap in
 // the durable's delivery sequence means the same: the server served another puller
-// meanwhile. A backlog noted at open is exact and kept at the first delivery; when the
-// server cannot be asked, the take's stands.
+// meanwhile. A backlog noted at open is exact and kept at the first delivery, less what
+// was settled since (dropSettled); when the server cannot be asked, the take's stands.
 func (d *dispatcher) served(u *unit, first bool) {
 	c := d.core
 	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout)
@@ -91,6 +91,7 @@ func (d *dispatcher) served(u *unit, first bool) {
 		u.shared.Store(false)
 	}
 	if b := u.backlog; first && b != nil && b.tenants != nil {
+		d.dropSettled(u, b, info.AckFloor.Stream)
 		return
 	}
 	// Under a new pin the count includes what this worker still holds, which does
@@ -102,6 +103,33 @@ func (d *dispatcher) served(u *unit, first bool) {
 	}
 	c.log.Debug(msg, "stream", u.stream, "consumer", d.durable,
 		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream)
+}
+
+// dropSettled forgets the events noted pending at open that were acknowledged since:
+// those at or below the ack floor, and those acked in this process. Another worker
+// that took the partition too (two claims right after a restart, or two views of the
+// group) may have run them before the server first served this one, and they never
+// come: their tenants would wait an ack wait. Called with d.mu held.
+func (d *dispatcher) dropSettled(u *unit, b *backlog, floor uint64) {
+	acked := func(seq uint64) bool {
+		return seq <= floor || (d.core.ackedHere != nil && d.core.ackedHere(eventRef{u.p, seq}))
+	}
+	left := 0
+	for tenant, due := range b.tenants {
+		due = slices.DeleteFunc(due, acked)
+		if len(due) == 0 {
+			delete(b.tenants, tenant)
+		} else {
+			b.tenants[tenant] = due
+		}
+		left += len(due)
+	}
+	if left == 0 {
+		d.endBacklog(u, "its pending events were settled elsewhere", 0)
+		return
+	}
+	// What is left may all be due: none of it is waited for beyond it.
+	b.want = min(b.want, b.arrived+left)
 }
 
 // backlogQuiet is how long a taken partition's pull may bring nothing before its

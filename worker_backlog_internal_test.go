@@ -45,6 +45,28 @@ func TestBacklog_EndsOnceAsManyNotedEventsArrivedAsTheDurableHadPending(t *testi
 	assert.Nil(t, u.backlog, "4 and 5 were acknowledged before the crash: nothing more is due")
 }
 
+// Another worker ran some noted events before the server first served this one: those
+// at or below the ack floor, and those acked in this process, are not waited for.
+func TestBacklog_ForgetsTheNotedEventsSettledBeforeTheFirstDelivery(t *testing.T) {
+	d, u := heldBacklog(4, map[TenantID][]uint64{"acme": {4, 7}, "globex": {5}, "initech": {8}})
+	d.core.ackedHere = func(ref eventRef) bool { return ref.seq == 7 }
+	d.dropSettled(u, u.backlog, 5)
+	require.NotNil(t, u.backlog)
+	assert.Equal(t, map[TenantID][]uint64{"initech": {8}}, u.backlog.tenants)
+	assert.False(t, u.backlogHolds(&lane{tenant: "acme"}), "acme's noted events were acked")
+	assert.True(t, u.backlogHolds(&lane{tenant: "initech"}))
+	d.backlogArrived(u, "initech", 8)
+	assert.Nil(t, u.backlog, "the one event left arrived")
+}
+
+func TestBacklog_EndsWhenEveryNotedEventWasSettledElsewhere(t *testing.T) {
+	d, u := heldBacklog(2, map[TenantID][]uint64{"acme": {4, 7}})
+	u.shared.Store(false)
+	d.dropSettled(u, u.backlog, 7)
+	assert.Nil(t, u.backlog)
+	assert.True(t, u.shared.Load(), "another worker was served: what it holds is not known here")
+}
+
 func TestReturning_GivesAPartitionsEventsOnlyWhileItsDurableDeliveredNothingNew(t *testing.T) {
 	var r returning
 	r.note(2, 10, "acme", 4)
