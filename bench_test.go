@@ -157,12 +157,29 @@ func benchCallers(b *testing.B, callers int, publish func() error) {
 // (200 ms) for the others before it takes a partition, a one-off cost that would
 // otherwise dominate a short run and is not the consume-and-ack path.
 func BenchmarkConsume(b *testing.B) {
-	topic := benchTopic
+	for _, tenants := range []int{1, 1000} {
+		b.Run("tenants="+strconv.Itoa(tenants), func(b *testing.B) { benchConsume(b, tenants) })
+	}
+}
+
+// benchConsume is BenchmarkConsume with the events spread round-robin over tenants: one
+// tenant is one lane, the least the worker's bookkeeping can cost; a thousand keep many
+// lanes ready at once over every partition, as a multi-tenant ingest does.
+func benchConsume(b *testing.B, tenants int) {
+	topics := []Topic{benchTopic}
+	for i := 1; i < tenants; i++ {
+		topics = append(topics, Topic{Tenant: TenantID("tenant-" + strconv.Itoa(i)), Table: benchTopic.Table})
+	}
 	payload := make([]byte, benchPayload)
 	fill := func(b *testing.B, e *EmbeddedNATS) {
 		b.Helper()
+		for _, t := range topics[1:] {
+			if err := e.SetMaxBytes(context.Background(), t.Tenant, 1<<40); err != nil {
+				b.Fatal(err)
+			}
+		}
 		for i := 0; i < b.N; i++ {
-			if err := e.Publish(context.Background(), topic, payload); err != nil {
+			if err := e.Publish(context.Background(), topics[i%len(topics)], payload); err != nil {
 				b.Fatal(err)
 			}
 		}

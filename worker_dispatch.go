@@ -41,7 +41,7 @@ type dispatcher struct {
 	wake     *sync.Cond // a lane became ready, or the delivery is over
 	room     *sync.Cond // a partition's waiting events went down, or a release began
 	lanes    map[TenantID]*lane
-	ready    []*lane
+	ready    readyLanes
 	units    map[int]*unit
 	given    []*unit // partitions handed over to other workers
 	tries    map[eventRef]*tries
@@ -408,8 +408,38 @@ func (d *dispatcher) enqueue(l *lane) bool {
 		return false
 	}
 	l.ready = true
-	d.ready = append(d.ready, l)
+	d.ready.push(l)
 	return true
+}
+
+// readyLanes is the lanes ready to run, oldest first. Its front moves up the array,
+// which is compacted once the front passed half of it: a pop that shifted the rest
+// down copied every ready lane, a thousand when as many tenants wait, and a slice
+// resliced from the front allocated anew as appends outran it (measured: one
+// allocation per delivery).
+type readyLanes struct {
+	lanes []*lane
+	head  int
+}
+
+func (q *readyLanes) push(l *lane) { q.lanes = append(q.lanes, l) }
+
+func (q *readyLanes) len() int { return len(q.lanes) - q.head }
+
+// pop removes the oldest lane; q must not be empty.
+func (q *readyLanes) pop() *lane {
+	l := q.lanes[q.head]
+	q.lanes[q.head] = nil
+	q.head++
+	switch {
+	case q.head == len(q.lanes):
+		q.lanes, q.head = q.lanes[:0], 0
+	case q.head >= 32 && 2*q.head >= len(q.lanes):
+		n := copy(q.lanes, q.lanes[q.head:])
+		clear(q.lanes[n:])
+		q.lanes, q.head = q.lanes[:n], 0
+	}
+	return l
 }
 
 // runLanes is one of the pool's goroutines.
@@ -417,7 +447,7 @@ func (d *dispatcher) runLanes() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for {
-		for len(d.ready) == 0 && !d.over() {
+		for d.ready.len() == 0 && !d.over() {
 			// Idle: what still waits is held behind calls in flight, so a pull
 			// waiting for room must not wait for more of it to run (see below).
 			d.room.Broadcast()
@@ -431,12 +461,7 @@ func (d *dispatcher) runLanes() {
 		if d.over() {
 			return
 		}
-		l := d.ready[0]
-		// Shifted down rather than resliced, so the list keeps its array (measured:
-		// one allocation per delivery otherwise, as appends outran the front).
-		n := copy(d.ready, d.ready[1:])
-		d.ready[n] = nil
-		d.ready = d.ready[:n]
+		l := d.ready.pop()
 		l.ready = false
 		u := d.units[l.part]
 		if u == nil || u.releasing.Load() || u.backlogHolds(l) || len(l.queue) == 0 {

@@ -28,3 +28,33 @@ func TestSweepLanes_DropsALaneOnlyOnceItStayedEmptyForAWholeSweep(t *testing.T) 
 		assert.Same(t, l, d.lanes[l.tenant], "lane %s holds an event and was dropped", l.tenant)
 	}
 }
+
+// The ready lanes come out in the order they went in, however pushes and pops
+// interleave, and the array does not grow beyond what is ready at once.
+func TestReadyLanes_PopsInPushOrderAndKeepsItsArrayBounded(t *testing.T) {
+	var q readyLanes
+	var want []*lane
+	next := 0
+	for round := range 200 {
+		for range round%7 + 1 {
+			l := &lane{part: next}
+			next++
+			q.push(l)
+			want = append(want, l)
+		}
+		for range round%5 + 1 {
+			if q.len() == 0 {
+				break
+			}
+			assert.Same(t, want[0], q.pop())
+			want = want[1:]
+		}
+		assert.Equal(t, len(want), q.len())
+		assert.LessOrEqual(t, len(q.lanes), 2*len(want)+32, "popped lanes kept in the array")
+	}
+	for q.len() > 0 {
+		assert.Same(t, want[0], q.pop())
+		want = want[1:]
+	}
+	assert.Empty(t, want)
+}
