@@ -319,10 +319,11 @@ func (d *dispatcher) takeHeld(u *unit) []*entry {
 		if l.blocked != nil {
 			held = append(held, l.blocked)
 		}
+		// Emptied either way: a lane dropped while on the ready list must not run what
+		// was taken from it when it is popped.
+		l.queue, l.blocked = nil, nil
 		if l.running == nil {
 			delete(d.lanes, t)
-		} else {
-			l.queue, l.blocked = nil, nil
 		}
 	}
 	held = append(held, u.late...)
