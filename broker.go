@@ -164,7 +164,10 @@ type ConsumerConfig struct {
 	// Partitions, when set, claims exactly these delivery units (0 to N-1) for this
 	// worker, for operators who place workers themselves. Unset, the worker joins the
 	// others and takes its share of the units, each unit consumed by one worker at a
-	// time.
+	// time. Claim each unit once: the NATS brokers serve a unit claimed twice to one
+	// worker at a time, but hand it to the other once the served one pulls nothing for
+	// the pinned TTL (its lanes full behind slow handlers, or a stall), and a tenant's
+	// events may then run on both.
 	Partitions []int
 }
 
