@@ -198,6 +198,11 @@ func (b *budgets) cancel(r *reservation) {
 func (b *budgets) acknowledged(ref eventRef) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.isAcked(ref)
+}
+
+// isAcked is acknowledged with b.mu held.
+func (b *budgets) isAcked(ref eventRef) bool {
 	return ref.partition >= 0 && ref.partition < len(b.acked) && b.acked[ref.partition].has(ref.seq)
 }
 
@@ -206,7 +211,7 @@ func (b *budgets) counted(ref eventRef) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	_, held := b.held[ref.partition].get(ref.seq)
-	return held || b.acked[ref.partition].has(ref.seq)
+	return held || b.isAcked(ref)
 }
 
 // adopt counts a stored event found uncounted, without checking the budget: a
