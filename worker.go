@@ -179,6 +179,7 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	// owner's, and comes back out of sequence order (see backlog).
 	u.backlog = d.newBacklog(info, returning)
 	d.mu.Unlock()
+	u.lastDelivery.Store(info.Delivered.Consumer)
 	d.core.log.Debug("mq: taking a partition", "stream", u.stream, "consumer", d.durable,
 		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream, "ack_floor", info.AckFloor.Stream)
 	opts := []jetstream.PullConsumeOpt{

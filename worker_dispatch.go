@@ -83,8 +83,9 @@ type unit struct {
 	unsettled atomic.Bool
 	backlog   *backlog // under dispatcher.mu; nil once every event pending at the take arrived
 	// lastDelivery is the durable's delivery sequence of the last event that reached
-	// this worker (read and written by u's delivery goroutine alone).
-	lastDelivery uint64
+	// this worker, or, until one does, the durable's at the take. Written by u's
+	// delivery goroutine alone; read by release too (awaitInFlight).
+	lastDelivery atomic.Uint64
 	// shared: another worker may hold events of u delivered before the server first
 	// served this one (not all of what was pending then arrived here, or they could
 	// not be counted), or the server pinned u to another worker meanwhile. Release
@@ -246,7 +247,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			// operator). The server numbers every delivery of the durable, whoever
 			// gets it: when this one follows the last this worker got, nobody else was
 			// served meanwhile, and nothing changed.
-			moved := cur != nil && (metaErr != nil || meta.Sequence.Consumer != u.lastDelivery+1)
+			moved := cur != nil && (metaErr != nil || meta.Sequence.Consumer != u.lastDelivery.Load()+1)
 			if moved {
 				u.shared.Store(true) // before the pin: see handBackUnarrived
 			}
@@ -262,7 +263,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 	var ts time.Time
 	ref := eventRef{partition: -1}
 	if metaErr == nil {
-		u.lastDelivery = meta.Sequence.Consumer
+		u.lastDelivery.Store(meta.Sequence.Consumer)
 		e.seq, e.attempt, ts = meta.Sequence.Stream, int(meta.NumDelivered), meta.Timestamp
 		ref = eventRef{u.p, e.seq}
 	}

@@ -3,6 +3,7 @@ package mq
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -14,6 +15,43 @@ import (
 // TwoConsumesShare… waited so in 11 of 300 runs under load (measured), on one node as
 // on a cluster. Their reply subjects never arrived either, so the worker builds them
 // (builtAckSubject).
+
+// inFlightWait bounds how long a release waits for the deliveries the server counted
+// before it drains the pull (awaitInFlight). They normally follow their count within
+// milliseconds; the bound is spent in full only when another worker was served.
+const inFlightWait = time.Second
+
+// awaitInFlight waits, before partition u's pull is drained, until every delivery the
+// durable counted since the take reached this worker, or until inFlightWait or
+// deadline passes. The server counts a delivery before its stream's loop routes it:
+// unsubscribed meanwhile, the pull loses it. handBackUnarrived puts such losses back
+// only when it knows the pin they went under, from an earlier delivery; one lost as
+// the first delivery of a take waited for the ack wait (measured: 2 of 200 runs of
+// TestWorker_StopHandsBack… under load, a stop right after the server counted the
+// events). Not when the server shows the partition pinned to another worker: nothing
+// is coming.
+func (d *dispatcher) awaitInFlight(u *unit, deadline time.Time) {
+	if u.group == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout)
+	defer cancel()
+	cons, err := d.core.js.Consumer(ctx, u.stream, d.durable)
+	if err != nil {
+		return
+	}
+	info := cons.CachedInfo()
+	if pinnedElsewhere(info, u) {
+		return
+	}
+	until := time.Now().Add(inFlightWait)
+	if deadline.Before(until) {
+		until = deadline
+	}
+	for u.lastDelivery.Load() < info.Delivered.Consumer && time.Now().Before(until) {
+		time.Sleep(time.Millisecond)
+	}
+}
 
 // maxUnarrivedScan bounds the stream sequences a release looks through for events
 // that never arrived: above it (a host holding an early event while thousands went
@@ -81,6 +119,18 @@ func (d *dispatcher) handBackUnarrived(ctx context.Context, u *unit, info *jetst
 		"stream", u.stream, "consumer", d.durable, "ack_pending", info.NumAckPending, "handed_back", len(held),
 		"looked_through", len(subjects))
 	return true
+}
+
+// pinnedElsewhere reports whether info shows partition u pinned to a worker other than
+// the one whose pin this worker last got.
+func pinnedElsewhere(info *jetstream.ConsumerInfo, u *unit) bool {
+	pin := u.pin.Load()
+	for _, g := range info.PriorityGroups {
+		if g.Group == u.group && g.PinnedClientID != "" && pin != nil && g.PinnedClientID != *pin {
+			return true
+		}
+	}
+	return false
 }
 
 // pinnedHere reports whether info shows partition u pinned to this worker's pull.
