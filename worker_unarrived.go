@@ -23,18 +23,23 @@ const inFlightWait = time.Second
 
 // awaitInFlight waits, before partition u's pull is drained, until every delivery the
 // durable counted since the take reached this worker, or until inFlightWait or
-// deadline passes. The server counts a delivery before its stream's loop routes it:
-// unsubscribed meanwhile, the pull loses it. handBackUnarrived puts such losses back
-// only when it knows the pin they went under, from an earlier delivery; one lost as
-// the first delivery of a take waited for the ack wait (measured: 2 of 200 runs of
-// TestWorker_StopHandsBack… under load, a stop right after the server counted the
-// events). Not when the server shows the partition pinned to another worker: nothing
-// is coming.
+// deadline passes (the durable's read included). The server counts a delivery before
+// its stream's loop routes it: unsubscribed meanwhile, the pull loses it.
+// handBackUnarrived puts such losses back only when it knows the pin they went under,
+// from an earlier delivery; one lost as the first delivery of a take waited for the
+// ack wait (measured: 2 of 200 runs of TestWorker_StopHandsBack… under load, a stop
+// right after the server counted the events). Not when the server shows the partition
+// pinned to another worker (nothing is coming), nor while disconnected (nothing
+// arrives, and the read would wait out its timeout).
 func (d *dispatcher) awaitInFlight(u *unit, deadline time.Time) {
-	if u.group == "" {
+	if u.group == "" || !d.core.nc.IsConnected() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.core.topo.PublishTimeout)
+	until := time.Now().Add(inFlightWait)
+	if deadline.Before(until) {
+		until = deadline
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
 	cons, err := d.core.js.Consumer(ctx, u.stream, d.durable)
 	if err != nil {
@@ -43,10 +48,6 @@ func (d *dispatcher) awaitInFlight(u *unit, deadline time.Time) {
 	info := cons.CachedInfo()
 	if pinnedElsewhere(info, u) {
 		return
-	}
-	until := time.Now().Add(inFlightWait)
-	if deadline.Before(until) {
-		until = deadline
 	}
 	for u.lastDelivery.Load() < info.Delivered.Consumer && time.Now().Before(until) {
 		time.Sleep(time.Millisecond)
