@@ -32,7 +32,11 @@ const (
 // given and that was free a moment ago.
 func loopbackPort(t testing.TB) int {
 	t.Helper()
-	nextLoopbackPort.CompareAndSwap(0, int32(loopbackPortLow+os.Getpid()%(loopbackPortHigh-loopbackPortLow)))
+	// Spread by a stride: processes started together have neighbouring pids, and from
+	// neighbouring ports each would probe the ports the other was about to take
+	// (measured: two test processes at once, a cluster node not ready in one of them).
+	const stride = 997
+	nextLoopbackPort.CompareAndSwap(0, int32(loopbackPortLow+os.Getpid()*stride%(loopbackPortHigh-loopbackPortLow)))
 	for range loopbackPortHigh - loopbackPortLow {
 		p := int(nextLoopbackPort.Add(1))
 		p = loopbackPortLow + (p-loopbackPortLow)%(loopbackPortHigh-loopbackPortLow)
