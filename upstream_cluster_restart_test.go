@@ -1,0 +1,102 @@
+//go:build integration
+
+package mq
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+)
+
+// An R3 cluster's rolling restart, with nats-server and nats.go alone: on an
+// interest-retention partition, the events a durable never acknowledged stay while the
+// history that sources the partition copies behind them. The ExternalNATS restart
+// matrix once found a partition one such event short after two rolling restarts at
+// once (CI, 2026-12-07, the acks-out-of-order cell, nats-server v2.15.3); this test
+// keeps the library out of the picture. A clustered server recovers a stream's
+// consumers in map order (jetstream_cluster.go, applyMetaSnapshot), and a consumer that
+// becomes leader checks its interest state (checkStateForInterestStream), which
+// removes what no consumer registered so far wants: so the name order that saves a
+// standalone server (upstream_recovery_test.go) does not hold here.
+//
+// WH_MQ_UPSTREAM_ROUNDS raises the rounds, each a rolling restart, to look for a rare
+// loss (measured: 80 rounds under the race detector, two processes at once, none lost).
+
+func TestUpstream_ARollingRestartOfAClusterKeepsWhatTheDurableNeverAcknowledged(t *testing.T) {
+	t.Parallel()
+	rounds := 2
+	if v, err := strconv.Atoi(os.Getenv("WH_MQ_UPSTREAM_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	c := newClusterFixture(t, 3)
+	ctx := t.Context()
+	js := c.admin
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "P", Subjects: []string{"p.>"}, Retention: jetstream.InterestPolicy, Storage: jetstream.FileStorage, Replicas: 3,
+	})
+	require.NoError(t, err)
+	cons, err := js.CreateOrUpdateConsumer(ctx, "P", jetstream.ConsumerConfig{
+		Durable: "INGEST", FilterSubject: "p.ev.>", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour,
+	})
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "H", Sources: []*jetstream.StreamSource{{Name: "P"}}, Storage: jetstream.FileStorage, Replicas: 3,
+	})
+	require.NoError(t, err)
+	// Each round: filler only the history wants, so that it is still copying the
+	// round's events during the restart; then the events, a third of them never
+	// acknowledged and the rest acknowledged in reverse.
+	const events, filler = 30, 5000
+	var unacked uint64
+	for round := range rounds {
+		for i := range filler {
+			_, err := js.PublishAsync(fmt.Sprintf("p.fill.%d", i), make([]byte, 1024))
+			require.NoError(t, err)
+			if i%500 == 499 { // within nats.go's async window
+				<-js.PublishAsyncComplete()
+			}
+		}
+		<-js.PublishAsyncComplete()
+		for i := range events {
+			_, err := js.Publish(ctx, fmt.Sprintf("p.ev.%d.%d", round, i), []byte("event"))
+			require.NoError(t, err)
+		}
+		var msgs []jetstream.Msg
+		for len(msgs) < events {
+			b, err := cons.Fetch(events-len(msgs), jetstream.FetchMaxWait(5*time.Second))
+			require.NoError(t, err)
+			for m := range b.Messages() {
+				msgs = append(msgs, m)
+			}
+		}
+		for i, m := range slices.Backward(msgs) {
+			if i%3 != 0 {
+				require.NoError(t, m.DoubleAck(ctx))
+			}
+		}
+		unacked += events / 3
+		c.rollingRestart(t, func() {})
+		// Read until it matches or 30 s passed: the durable answers only once its
+		// replicas caught up.
+		var kept uint64
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			ci, err := js.Consumer(cctx, "P", "INGEST")
+			cancel()
+			if err == nil {
+				kept = ci.CachedInfo().NumPending + uint64(ci.CachedInfo().NumAckPending)
+			}
+			if kept == unacked || time.Now().After(deadline) {
+				break
+			}
+		}
+		require.Equal(t, unacked, kept, "round %d: the events the durable never acknowledged, kept through a rolling restart", round+1)
+	}
+}
