@@ -92,6 +92,10 @@ type unit struct {
 	// then cannot tell a delivery that never reached this worker from one held
 	// elsewhere (see handBackUnarrived). Set until the first delivery's count.
 	shared atomic.Bool
+	// pinAtTake is the pin the durable's group showed when this worker took u ("" for
+	// none): held then by another pull (see pinnedElsewhere). Written before the pull
+	// starts.
+	pinAtTake string
 }
 
 func (u *unit) isReleasing() bool { return u.releasing.Load() }

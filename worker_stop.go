@@ -162,7 +162,7 @@ func (d *dispatcher) release(u *unit, deadline time.Time) {
 	d.mu.Unlock()
 	defer close(u.handedBack)
 	if cc != nil {
-		d.awaitInFlight(u, deadline)
+		d.awaitInFlight(u, cc, deadline)
 		// Drain, not Stop: a pull the server holds keeps delivering until the
 		// unsubscribe reaches it, and a stopped subscription would drop those events
 		// into the void for a whole ack wait. Drained ones arrive as late and go back

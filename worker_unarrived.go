@@ -18,20 +18,22 @@ import (
 
 // inFlightWait bounds how long a release waits for the deliveries the server counted
 // before it drains the pull (awaitInFlight). They normally follow their count within
-// milliseconds; the bound is spent in full only when another worker was served.
+// milliseconds.
 const inFlightWait = time.Second
 
-// awaitInFlight waits, before partition u's pull is drained, until every delivery the
-// durable counted since the take reached this worker, or until inFlightWait or
-// deadline passes (the durable's read included). The server counts a delivery before
-// its stream's loop routes it: unsubscribed meanwhile, the pull loses it.
-// handBackUnarrived puts such losses back only when it knows the pin they went under,
-// from an earlier delivery; one lost as the first delivery of a take waited for the
-// ack wait (measured: 2 of 200 runs of TestWorker_StopHandsBack… under load, a stop
-// right after the server counted the events). Not when the server shows the partition
-// pinned to another worker (nothing is coming), nor while disconnected (nothing
-// arrives, and the read would wait out its timeout).
-func (d *dispatcher) awaitInFlight(u *unit, deadline time.Time) {
+// awaitInFlight waits, before partition u's pull cc is drained, until every delivery
+// the durable counted since the take reached this worker, or until inFlightWait or
+// deadline passes (the durable's read included), or the pull ends by itself. The
+// server counts a delivery before its stream's loop routes it: unsubscribed meanwhile,
+// the pull loses it. handBackUnarrived puts such losses back only when it knows the pin
+// they went under, from an earlier delivery; one lost as the first delivery of a take
+// waited for the ack wait (measured: 2 of 200 runs of TestWorker_StopHandsBack… under
+// load, a stop right after the server counted the events). Skipped while disconnected
+// (nothing arrives, and the read would wait out its timeout) and when the partition is
+// pinned elsewhere (pinnedElsewhere). A new pin of this worker's own pull whose first
+// delivery is still on its way looks the same as another worker's: that delivery, if
+// lost, still waits for the ack wait.
+func (d *dispatcher) awaitInFlight(u *unit, cc jetstream.ConsumeContext, deadline time.Time) {
 	if u.group == "" || !d.core.nc.IsConnected() {
 		return
 	}
@@ -50,7 +52,11 @@ func (d *dispatcher) awaitInFlight(u *unit, deadline time.Time) {
 		return
 	}
 	for u.lastDelivery.Load() < info.Delivered.Consumer && time.Now().Before(until) {
-		time.Sleep(time.Millisecond)
+		select {
+		case <-cc.Closed():
+			return // ended by itself: what it had buffered is gone, nothing more comes
+		case <-time.After(time.Millisecond):
+		}
 	}
 }
 
@@ -122,14 +128,18 @@ func (d *dispatcher) handBackUnarrived(ctx context.Context, u *unit, info *jetst
 	return true
 }
 
-// pinnedElsewhere reports whether info shows partition u pinned to a worker other than
-// the one whose pin this worker last got.
+// pinnedElsewhere reports whether info shows partition u pinned to a pull other than
+// this worker's: a pin other than the one it last got, or, before it got any, the pin
+// some other pull held when it took the partition.
 func pinnedElsewhere(info *jetstream.ConsumerInfo, u *unit) bool {
-	pin := u.pin.Load()
 	for _, g := range info.PriorityGroups {
-		if g.Group == u.group && g.PinnedClientID != "" && pin != nil && g.PinnedClientID != *pin {
-			return true
+		if g.Group != u.group || g.PinnedClientID == "" {
+			continue
 		}
+		if pin := u.pin.Load(); pin != nil {
+			return g.PinnedClientID != *pin
+		}
+		return g.PinnedClientID == u.pinAtTake
 	}
 	return false
 }
