@@ -180,11 +180,7 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	u.backlog = d.newBacklog(info, returning)
 	d.mu.Unlock()
 	u.lastDelivery.Store(info.Delivered.Consumer)
-	for _, g := range info.PriorityGroups {
-		if g.Group == c.topo.IngestGroup {
-			u.pinAtTake = g.PinnedClientID
-		}
-	}
+	u.pinAtTake = groupPin(info, c.topo.IngestGroup)
 	d.core.log.Debug("mq: taking a partition", "stream", u.stream, "consumer", d.durable,
 		"ack_pending", info.NumAckPending, "last_delivered", info.Delivered.Stream, "ack_floor", info.AckFloor.Stream)
 	opts := []jetstream.PullConsumeOpt{

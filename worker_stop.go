@@ -350,21 +350,15 @@ func (d *dispatcher) takeHeld(u *unit) []*entry {
 // partition the server pinned to another worker since is left alone: unpinning it
 // would let a third take it while that one holds events unsettled.
 func (d *dispatcher) unpin(ctx context.Context, u *unit, cons jetstream.Consumer) {
-	held := u.pin.Load()
-	if held == nil {
+	if !pinnedHere(cons.CachedInfo(), u) {
 		return
 	}
-	for _, g := range cons.CachedInfo().PriorityGroups {
-		if g.Group != u.group || g.PinnedClientID != *held {
-			continue
-		}
-		stream, err := d.core.js.Stream(ctx, u.stream)
-		if err == nil {
-			err = stream.UnpinConsumer(ctx, d.durable, u.group)
-		}
-		if err != nil {
-			d.core.log.Info("mq: could not hand back a partition of the ingest durable; it waits for its pinned TTL",
-				"stream", u.stream, "consumer", d.durable, "pinned_ttl", d.core.topo.PinnedTTL, "error", err)
-		}
+	stream, err := d.core.js.Stream(ctx, u.stream)
+	if err == nil {
+		err = stream.UnpinConsumer(ctx, d.durable, u.group)
+	}
+	if err != nil {
+		d.core.log.Info("mq: could not hand back a partition of the ingest durable; it waits for its pinned TTL",
+			"stream", u.stream, "consumer", d.durable, "pinned_ttl", d.core.topo.PinnedTTL, "error", err)
 	}
 }

@@ -132,28 +132,28 @@ func (d *dispatcher) handBackUnarrived(ctx context.Context, u *unit, info *jetst
 // this worker's: a pin other than the one it last got, or, before it got any, the pin
 // some other pull held when it took the partition.
 func pinnedElsewhere(info *jetstream.ConsumerInfo, u *unit) bool {
-	for _, g := range info.PriorityGroups {
-		if g.Group != u.group || g.PinnedClientID == "" {
-			continue
-		}
-		if pin := u.pin.Load(); pin != nil {
-			return g.PinnedClientID != *pin
-		}
-		return g.PinnedClientID == u.pinAtTake
+	now := groupPin(info, u.group)
+	if now == "" {
+		return false
 	}
-	return false
+	if pin := u.pin.Load(); pin != nil {
+		return now != *pin
+	}
+	return now == u.pinAtTake
 }
 
 // pinnedHere reports whether info shows partition u pinned to this worker's pull.
 func pinnedHere(info *jetstream.ConsumerInfo, u *unit) bool {
 	pin := u.pin.Load()
-	if pin == nil {
-		return false
-	}
+	return pin != nil && groupPin(info, u.group) == *pin
+}
+
+// groupPin is the pin info shows for priority group, "" for none.
+func groupPin(info *jetstream.ConsumerInfo, group string) string {
 	for _, g := range info.PriorityGroups {
-		if g.Group == u.group && g.PinnedClientID == *pin {
-			return true
+		if g.Group == group {
+			return g.PinnedClientID
 		}
 	}
-	return false
+	return ""
 }
