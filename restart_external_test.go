@@ -709,6 +709,10 @@ func TestExternalNATS_ARestartedSingleServerDeliversEveryUnacknowledgedEvent(t *
 	runConcurrently(t, cells)
 }
 
+// The rolling restart at once can fail here through a nats-server race that drops
+// events a durable delivered and was not acknowledged for (README, "A nats-server race
+// on a cluster"; measured: 2 in 131 runs of that cell). It is kept, not skipped: a
+// loss from the library would look the same.
 func TestExternalNATS_ARestartedThreeNodeClusterDeliversEveryUnacknowledgedEvent(t *testing.T) {
 	t.Parallel()
 	cells := map[string]func(*testing.T){}
