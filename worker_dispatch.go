@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -53,9 +54,12 @@ type dispatcher struct {
 	// tenants with work at once costs nothing: started counts them, idle those waiting
 	// on wake, signaled those of idle already woken for a lane.
 	started, idle, signaled int
-	done                    chan struct{} // closed once stop finished
-	endTick                 chan struct{}
-	tickOnce                sync.Once
+	// spinning counts the pool's goroutines yielding a moment before they sleep (see
+	// spin), claimed those of them a lane made ready was left to.
+	spinning, claimed int
+	done              chan struct{} // closed once stop finished
+	endTick           chan struct{}
+	tickOnce          sync.Once
 }
 
 // unit is one partition this worker consumes.
@@ -394,6 +398,8 @@ func (d *dispatcher) schedule(l *lane) {
 // goroutine to finish its call. Called with d.mu held.
 func (d *dispatcher) wakeOne() {
 	switch {
+	case d.spinning > d.claimed:
+		d.claimed++
 	case d.idle > d.signaled:
 		d.signaled++
 		d.wake.Signal()
@@ -456,6 +462,9 @@ func (d *dispatcher) runLanes() {
 			// Idle: what still waits is held behind calls in flight, so a pull
 			// waiting for room must not wait for more of it to run (see below).
 			d.room.Broadcast()
+			if d.spin() {
+				continue
+			}
 			d.idle++
 			d.wake.Wait()
 			d.idle--
@@ -536,6 +545,33 @@ func (d *dispatcher) runLanes() {
 		// (measured: one futex wake and a context switch per delivery).
 		d.enqueue(l)
 	}
+}
+
+// spinRounds is how often an idle goroutine of the pool yields before it sleeps.
+const spinRounds = 4
+
+// spin lets other goroutines run a few times before this one of the pool sleeps, and
+// reports whether a lane became ready meanwhile (or the delivery ended). An event
+// handled at once leaves the pool idle until the next arrives, microseconds later: a
+// sleep on wake cost a futex wake and a context switch per delivery (measured,
+// BenchmarkConsume, 28 interleaved pairs: 0.96x the time without the spin, faster in 21;
+// sign test p = 0.01). Called with d.mu held, which it lets go of while it yields.
+func (d *dispatcher) spin() bool {
+	d.spinning++
+	found := false
+	for range spinRounds {
+		d.mu.Unlock()
+		runtime.Gosched()
+		d.mu.Lock()
+		if found = d.ready.len() > 0 || d.over(); found {
+			break
+		}
+	}
+	d.spinning--
+	if d.claimed > 0 {
+		d.claimed--
+	}
+	return found
 }
 
 // observe hears of a settle the handler made, during its call or after.
