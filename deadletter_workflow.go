@@ -43,18 +43,24 @@ type parked struct {
 // dlqRequest sends one JetStream API request about the dead-letter stream, bounded by
 // PublishTimeout.
 func (c *natsCore) dlqRequest(ctx context.Context, api string, req any) ([]byte, error) {
+	return c.streamRequest(ctx, api, c.deadLetters, req)
+}
+
+// streamRequest sends one JetStream API request about stream, bounded by
+// PublishTimeout.
+func (c *natsCore) streamRequest(ctx context.Context, api, stream string, req any) ([]byte, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
 	defer cancel()
-	msg, err := c.nc.RequestWithContext(rctx, jetstream.DefaultAPIPrefix+api+"."+c.deadLetters, body)
+	msg, err := c.nc.RequestWithContext(rctx, jetstream.DefaultAPIPrefix+api+"."+stream, body)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("%w: %s on stream %s: %w", ErrUnavailable, api, c.deadLetters, err)
+		return nil, fmt.Errorf("%w: %s on stream %s: %w", ErrUnavailable, api, stream, err)
 	}
 	return msg.Data, nil
 }

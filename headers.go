@@ -30,7 +30,8 @@ func (h Headers) Get(key string) string {
 // The headers the poison policy adds to an event it parks (ConsumerConfig.MaxDeliveries),
 // beside the event's own.
 const (
-	// HeaderDeadReason is why the broker parked it: DeadReasonHandlerFailed.
+	// HeaderDeadReason is why the broker parked it: DeadReasonHandlerFailed or
+	// DeadReasonVanished.
 	HeaderDeadReason = "Mq-Dead-Reason"
 	// HeaderDeadError is the handler's last error, on one line, cut to 1 KiB.
 	HeaderDeadError = "Mq-Dead-Error"
@@ -49,6 +50,12 @@ const (
 // DeadReasonHandlerFailed is HeaderDeadReason of an event parked because the handler
 // returned an error (or panicked) on its last delivery allowed.
 const DeadReasonHandlerFailed = "handler-failed"
+
+// DeadReasonVanished is HeaderDeadReason of a failed event parked from the worker's
+// copy because its partition lost it before its retry (a cluster's leader-change race,
+// an operator's delete or purge), while no other worker could have had it. The other
+// headers are as for DeadReasonHandlerFailed, Mq-Dead-Error the handler's last error.
+const DeadReasonVanished = "vanished"
 
 // HeaderEventID is the broker's own header carrying an event's Message.ID where its
 // idempotency key had to differ. A park sets it to the parked event's ID, and a

@@ -28,7 +28,7 @@ func PermissionsFor(topo NATSTopology) NATSPermissions {
 	s := topo.subjects()
 	h := topo.HistoryStream
 	return NATSPermissions{
-		PublishAllow: []string{
+		PublishAllow: append([]string{
 			s.ingestAll(),
 			s.deadLetterAll(),
 			"$JS.API.INFO",
@@ -50,7 +50,7 @@ func PermissionsFor(topo NATSTopology) NATSPermissions {
 			// one once redriven or dismissed. Neither changes the stream.
 			"$JS.API.STREAM.MSG.GET." + topo.DeadLetterStream(),
 			"$JS.API.STREAM.MSG.DELETE." + topo.DeadLetterStream(),
-		},
+		}, partitionReads(topo)...),
 		PublishDeny: []string{
 			"$JS.API.STREAM.CREATE.>",
 			"$JS.API.STREAM.UPDATE.>",
@@ -60,6 +60,16 @@ func PermissionsFor(topo NATSTopology) NATSPermissions {
 		},
 		SubscribeAllow: []string{inboxPrefix(topo) + ".>", topo.workerSubject()},
 	}
+}
+
+// partitionReads lets a worker read one stored event of each partition: whether a
+// failed event it waits for is still there (worker_vanished.go).
+func partitionReads(topo NATSTopology) []string {
+	out := make([]string, topo.Partitions)
+	for p := range out {
+		out[p] = "$JS.API.STREAM.MSG.GET." + topo.PartitionStream(p)
+	}
+	return out
 }
 
 // inboxPrefix is the application connection's reply-subject prefix, so its subscribe

@@ -57,7 +57,8 @@ type dispatcher struct {
 	// spinning counts the pool's goroutines yielding a moment before they sleep (see
 	// spin), claimed those of them a lane made ready was left to.
 	spinning, claimed int
-	done              chan struct{} // closed once stop finished
+	checks            sync.WaitGroup // keepAlive's checkVanished goroutines
+	done              chan struct{}  // closed once stop finished
 	endTick           chan struct{}
 	tickOnce          sync.Once
 }

@@ -19,7 +19,8 @@ const (
 // keepAlive tells the server every AckWait/3 that the events waiting in a lane are
 // still being worked on, so a tenant held by a retry or by a slow call does not see
 // them redelivered behind its back; and it stops waiting for a failed event that did
-// not come back in time (another worker took it), so its lane goes on.
+// not come back in time (another worker took it), so its lane goes on, and has it
+// parked if its partition lost it (checkVanished).
 func (d *dispatcher) keepAlive() {
 	tick := time.NewTicker(keepAlivePeriod)
 	defer tick.Stop()
@@ -63,10 +64,18 @@ func (d *dispatcher) keepAlive() {
 				d.endBacklog(u, why, 0)
 			}
 		}
+		var vanished []vanishedCheck
 		for _, l := range d.lanes {
 			if l.blocked != nil && now.After(l.until) {
 				d.core.log.Warn("mq: a retried event did not come back; its tenant goes on",
 					"stream", d.core.partitions[l.part], "seq", l.blocked.seq, "tenant", l.tenant)
+				if u := d.units[l.part]; u != nil && !u.isReleasing() && !d.over() {
+					v := vanishedCheck{u: u, e: l.blocked}
+					if t := d.tries[eventRef{l.blocked.part, l.blocked.seq}]; t != nil {
+						v.tries = *t
+					}
+					vanished = append(vanished, v)
+				}
 				if u := d.units[l.part]; u != nil {
 					d.unblock(u, l)
 				} else {
@@ -81,6 +90,10 @@ func (d *dispatcher) keepAlive() {
 			}
 		}
 		d.sweepLanes()
+		if len(vanished) > 0 {
+			d.checks.Add(1)
+			go d.checkVanished(vanished)
+		}
 		d.mu.Unlock()
 		for _, e := range waiting {
 			_ = e.m.InProgress()

@@ -78,7 +78,7 @@ func (d *dispatcher) giveUp(attempt context.Context, e *entry, t *tries) (hold b
 	ctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.Background(), trace.SpanFromContext(attempt)),
 		d.core.topo.PublishTimeout*(publishRetries+1))
 	defer cancel()
-	if err := d.core.deadLetter(ctx, e.msg, d.parkHeaders(e, t)); err != nil {
+	if err := d.core.deadLetter(ctx, e.msg, d.parkHeaders(e, t, DeadReasonHandlerFailed)); err != nil {
 		d.core.log.Error("mq: cannot park a poison event; it is retried", "stream", d.core.partitions[e.part],
 			"seq", e.seq, "attempt", e.attempt, "error", err)
 		_ = e.m.NakWithDelay(d.retryDelay(e))
@@ -96,14 +96,14 @@ func (d *dispatcher) giveUp(attempt context.Context, e *entry, t *tries) (hold b
 	return false
 }
 
-// parkHeaders are the options that say why e was parked.
-func (d *dispatcher) parkHeaders(e *entry, t *tries) []PublishOpt {
+// parkHeaders are the options that say why (reason) e was parked.
+func (d *dispatcher) parkHeaders(e *entry, t *tries, reason string) []PublishOpt {
 	first, last := t.first, t.last
 	if first.IsZero() {
 		first, last = time.Now(), time.Now()
 	}
 	opts := []PublishOpt{
-		WithHeader(HeaderDeadReason, DeadReasonHandlerFailed),
+		WithHeader(HeaderDeadReason, reason),
 		WithHeader(HeaderDeadAttempts, strconv.Itoa(e.attempt)),
 		WithHeader(HeaderDeadPartition, strconv.Itoa(e.part)),
 		WithHeader(HeaderDeadSequence, strconv.FormatUint(e.seq, 10)),

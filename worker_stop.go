@@ -32,6 +32,7 @@ func (d *dispatcher) stop() {
 	d.room.Broadcast()
 	d.mu.Unlock()
 	d.leave(time.Now().Add(d.policy.stopTimeout))
+	d.checks.Wait()
 	close(d.done)
 }
 

@@ -1,0 +1,85 @@
+package mq
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Retried events that vanished. A failed event is nak'ed and its tenant waits for it to
+// come back; when it does not within that wait (keepAlive), it usually came back at
+// another worker. But a partition can also lose it: nats-server's leader-change race on
+// a cluster (README, "A nats-server race on a cluster"), or an operator's delete or
+// purge. Its retries would then end in nothing, never on the dead-letter queue. So when
+// the wait runs out while the partition is still pinned to this worker as it was (no
+// other worker can have had the event), the worker asks the partition for it, and parks
+// the copy it kept when the partition no longer holds it.
+
+// vanishedCheck is one failed event whose wait ran out.
+type vanishedCheck struct {
+	u     *unit
+	e     *entry
+	tries tries
+}
+
+// checkVanished parks each of checks whose event partition no longer holds. It runs
+// on a goroutine of its own, outside d.mu; stop waits for it.
+func (d *dispatcher) checkVanished(checks []vanishedCheck) {
+	defer d.checks.Done()
+	for _, v := range checks {
+		d.parkIfVanished(v)
+	}
+}
+
+func (d *dispatcher) parkIfVanished(v vanishedCheck) {
+	c, u, e := d.core, v.u, v.e
+	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout*(publishRetries+3))
+	defer cancel()
+	if u.group != "" {
+		cons, err := c.js.Consumer(ctx, u.stream, d.durable)
+		if err != nil || !pinnedHere(cons.CachedInfo(), u) {
+			return // another worker may have it
+		}
+	}
+	// The pin before shared: arrive marks u shared before it stores a new pin.
+	if u.shared.Load() {
+		return
+	}
+	held, err := c.partitionHolds(ctx, u.stream, e.seq)
+	if err != nil {
+		c.log.Info("mq: cannot tell whether a retried event that did not come back is still stored",
+			"stream", u.stream, "seq", e.seq, "error", err)
+		return
+	}
+	if held {
+		return
+	}
+	if err := c.deadLetter(ctx, e.msg, d.parkHeaders(e, &v.tries, DeadReasonVanished)); err != nil {
+		c.log.Error("mq: a retried event vanished from its partition and cannot be parked",
+			"stream", u.stream, "seq", e.seq, "topic", e.msg.key, "error", err)
+		return
+	}
+	c.log.Warn("mq: a retried event vanished from its partition before its retry; parked it on the dead-letter queue",
+		"stream", u.stream, "seq", e.seq, "attempt", e.attempt, "topic", e.msg.key)
+}
+
+// partitionHolds reports whether stream still stores seq.
+func (c *natsCore) partitionHolds(ctx context.Context, stream string, seq uint64) (bool, error) {
+	data, err := c.streamRequest(ctx, "STREAM.MSG.GET", stream, struct {
+		Seq uint64 `json:"seq"`
+	}{seq})
+	if err != nil {
+		return false, err
+	}
+	var answer storedMsgAnswer
+	if err := json.Unmarshal(data, &answer); err != nil {
+		return false, fmt.Errorf("event %d on %s: %w", seq, stream, err)
+	}
+	if answer.Error != nil {
+		if answer.Error.ErrorCode == jsErrNoMessageFound {
+			return false, nil
+		}
+		return false, fmt.Errorf("event %d on %s: %w", seq, stream, answer.Error)
+	}
+	return true, nil
+}
