@@ -69,12 +69,13 @@ func (d *dispatcher) keepAlive() {
 			if l.blocked != nil && now.After(l.until) {
 				d.core.log.Warn("mq: a retried event did not come back; its tenant goes on",
 					"stream", d.core.partitions[l.part], "seq", l.blocked.seq, "tenant", l.tenant)
-				if u := d.units[l.part]; u != nil && !u.isReleasing() && !d.over() {
-					v := vanishedCheck{u: u, e: l.blocked}
-					if t := d.tries[eventRef{l.blocked.part, l.blocked.seq}]; t != nil {
-						v.tries = *t
+				// Only an event this unit delivered and nak'ed: one whose ack may have
+				// reached the server unanswered (wasUnsent) is not lost when gone.
+				e := l.blocked
+				if u := d.units[l.part]; u != nil && e.u == u && !u.isReleasing() && !d.over() && !e.made(wasUnsent|wasAcked) {
+					if t := d.tries[eventRef{e.part, e.seq}]; t != nil {
+						vanished = append(vanished, vanishedCheck{u: u, e: e, tries: t, last: t.last})
 					}
-					vanished = append(vanished, v)
 				}
 				if u := d.units[l.part]; u != nil {
 					d.unblock(u, l)

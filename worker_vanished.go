@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 )
 
 // Retried events that vanished. A failed event is nak'ed and its tenant waits for it to
@@ -15,36 +16,32 @@ import (
 // other worker can have had the event), the worker asks the partition for it, and parks
 // the copy it kept when the partition no longer holds it.
 
-// vanishedCheck is one failed event whose wait ran out.
+// vanishedCheck is one failed event whose wait ran out: its unit, and its record of
+// attempts as the wait ran out (tries, the record itself; last, its last attempt).
 type vanishedCheck struct {
 	u     *unit
 	e     *entry
-	tries tries
+	tries *tries
+	last  time.Time
 }
 
 // checkVanished parks each of checks whose event partition no longer holds. It runs
-// on a goroutine of its own, outside d.mu; stop waits for it.
+// on a goroutine of its own, outside d.mu; stop waits for it, so it gives up once the
+// delivery is over.
 func (d *dispatcher) checkVanished(checks []vanishedCheck) {
 	defer d.checks.Done()
 	for _, v := range checks {
+		if d.isOver() {
+			return
+		}
 		d.parkIfVanished(v)
 	}
 }
 
 func (d *dispatcher) parkIfVanished(v vanishedCheck) {
 	c, u, e := d.core, v.u, v.e
-	ctx, cancel := context.WithTimeout(context.Background(), c.topo.PublishTimeout*(publishRetries+3))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*c.topo.PublishTimeout)
 	defer cancel()
-	if u.group != "" {
-		cons, err := c.js.Consumer(ctx, u.stream, d.durable)
-		if err != nil || !pinnedHere(cons.CachedInfo(), u) {
-			return // another worker may have it
-		}
-	}
-	// The pin before shared: arrive marks u shared before it stores a new pin.
-	if u.shared.Load() {
-		return
-	}
 	held, err := c.partitionHolds(ctx, u.stream, e.seq)
 	if err != nil {
 		c.log.Info("mq: cannot tell whether a retried event that did not come back is still stored",
@@ -54,7 +51,29 @@ func (d *dispatcher) parkIfVanished(v vanishedCheck) {
 	if held {
 		return
 	}
-	if err := c.deadLetter(ctx, e.msg, d.parkHeaders(e, &v.tries, DeadReasonVanished)); err != nil {
+	// Gone. The pin read after that read: a pin never comes back once moved, so the
+	// same pin now means no other worker was served meanwhile, and had the event.
+	if u.group != "" {
+		cons, err := c.js.Consumer(ctx, u.stream, d.durable)
+		if err != nil || !pinnedHere(cons.CachedInfo(), u) {
+			return
+		}
+	}
+	d.mu.Lock()
+	// The pin before shared: arrive marks u shared before it stores a new pin. A
+	// redelivery that came after the wait ran out, and was run (its record moved on)
+	// or acked (its record dropped), is not lost either.
+	lost := !d.over() && d.units[u.p] == u && !u.isReleasing() && !u.shared.Load() &&
+		!u.acked.has(e.seq) && d.tries[eventRef{e.part, e.seq}] == v.tries && v.tries != nil && v.tries.last.Equal(v.last)
+	t := tries{}
+	if lost {
+		t = *v.tries
+	}
+	d.mu.Unlock()
+	if !lost {
+		return
+	}
+	if err := c.deadLetter(ctx, e.msg, d.parkHeaders(e, &t, DeadReasonVanished)); err != nil {
 		c.log.Error("mq: a retried event vanished from its partition and cannot be parked",
 			"stream", u.stream, "seq", e.seq, "topic", e.msg.key, "error", err)
 		return
