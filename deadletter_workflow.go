@@ -23,13 +23,16 @@ const defaultDeadLetterPage = 100
 // storedMsgAnswer is a STREAM.MSG.GET answer.
 type storedMsgAnswer struct {
 	Error   *jetstream.APIError `json:"error"`
-	Message *struct {
-		Subject  string    `json:"subject"`
-		Sequence uint64    `json:"seq"`
-		Header   []byte    `json:"hdrs"`
-		Data     []byte    `json:"data"`
-		Time     time.Time `json:"time"`
-	} `json:"message"`
+	Message *storedMsg          `json:"message"`
+}
+
+// storedMsg is one message as STREAM.MSG.GET returns it.
+type storedMsg struct {
+	Subject  string    `json:"subject"`
+	Sequence uint64    `json:"seq"`
+	Header   []byte    `json:"hdrs"`
+	Data     []byte    `json:"data"`
+	Time     time.Time `json:"time"`
 }
 
 // parked is one stored dead letter.
@@ -65,6 +68,29 @@ func (c *natsCore) streamRequest(ctx context.Context, api, stream string, req an
 	return msg.Data, nil
 }
 
+// storedMsg asks stream for one stored message (STREAM.MSG.GET with req): a miss is
+// (nil, nil).
+func (c *natsCore) storedMsg(ctx context.Context, stream string, req any) (*storedMsg, error) {
+	data, err := c.streamRequest(ctx, "STREAM.MSG.GET", stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var answer storedMsgAnswer
+	if err := json.Unmarshal(data, &answer); err != nil {
+		return nil, fmt.Errorf("stored message on %s: %w", stream, err)
+	}
+	if answer.Error != nil {
+		if answer.Error.ErrorCode == jsErrNoMessageFound {
+			return nil, nil
+		}
+		if answer.Error.ErrorCode == jetstream.JSErrCodeStreamNotFound {
+			return nil, fmt.Errorf("%w: stream %s: %w", ErrUnavailable, stream, answer.Error)
+		}
+		return nil, fmt.Errorf("stored message on %s: %w", stream, answer.Error)
+	}
+	return answer.Message, nil
+}
+
 // getParked reads the first parked event at or after seq whose subject matches filter,
 // or, with an empty filter, exactly seq. A miss is (nil, nil).
 func (c *natsCore) getParked(ctx context.Context, seq uint64, filter string) (*parked, error) {
@@ -72,24 +98,10 @@ func (c *natsCore) getParked(ctx context.Context, seq uint64, filter string) (*p
 		Seq        uint64 `json:"seq"`
 		NextBySubj string `json:"next_by_subj,omitempty"`
 	}{seq, filter}
-	data, err := c.dlqRequest(ctx, "STREAM.MSG.GET", req)
+	m, err := c.storedMsg(ctx, c.deadLetters, req)
 	if err != nil {
-		return nil, err
-	}
-	var answer storedMsgAnswer
-	if err := json.Unmarshal(data, &answer); err != nil {
 		return nil, fmt.Errorf("dead letter %d: %w", seq, err)
 	}
-	if answer.Error != nil {
-		if answer.Error.ErrorCode == jsErrNoMessageFound {
-			return nil, nil
-		}
-		if answer.Error.ErrorCode == jetstream.JSErrCodeStreamNotFound {
-			return nil, fmt.Errorf("%w: dead-letter stream %s: %w", ErrUnavailable, c.deadLetters, answer.Error)
-		}
-		return nil, fmt.Errorf("dead letter %d on %s: %w", seq, c.deadLetters, answer.Error)
-	}
-	m := answer.Message
 	if m == nil {
 		return nil, nil
 	}

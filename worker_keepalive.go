@@ -71,13 +71,13 @@ func (d *dispatcher) keepAlive() {
 					"stream", d.core.partitions[l.part], "seq", l.blocked.seq, "tenant", l.tenant)
 				// Only an event this unit delivered and nak'ed: one whose ack may have
 				// reached the server unanswered (wasUnsent) is not lost when gone.
-				e := l.blocked
-				if u := d.units[l.part]; u != nil && e.u == u && !u.isReleasing() && !d.over() && !e.made(wasUnsent|wasAcked) {
+				e, u := l.blocked, d.units[l.part]
+				if u != nil && e.u == u && !u.isReleasing() && !d.over() && !e.made(wasUnsent|wasAcked) {
 					if t := d.tries[eventRef{e.part, e.seq}]; t != nil {
-						vanished = append(vanished, vanishedCheck{u: u, e: e, tries: t, last: t.last})
+						vanished = append(vanished, vanishedCheck{e: e, tries: t, last: t.last})
 					}
 				}
-				if u := d.units[l.part]; u != nil {
+				if u != nil {
 					d.unblock(u, l)
 				} else {
 					l.blocked = nil

@@ -2,7 +2,6 @@ package mq
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -16,10 +15,9 @@ import (
 // other worker can have had the event), the worker asks the partition for it, and parks
 // the copy it kept when the partition no longer holds it.
 
-// vanishedCheck is one failed event whose wait ran out: its unit, and its record of
-// attempts as the wait ran out (tries, the record itself; last, its last attempt).
+// vanishedCheck is one failed event whose wait ran out, and its record of attempts as
+// the wait ran out (tries, the record itself; last, its last attempt).
 type vanishedCheck struct {
-	u     *unit
 	e     *entry
 	tries *tries
 	last  time.Time
@@ -39,7 +37,8 @@ func (d *dispatcher) checkVanished(checks []vanishedCheck) {
 }
 
 func (d *dispatcher) parkIfVanished(v vanishedCheck) {
-	c, u, e := d.core, v.u, v.e
+	c, e := d.core, v.e
+	u := e.u
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.topo.PublishTimeout)
 	defer cancel()
 	held, err := c.partitionHolds(ctx, u.stream, e.seq)
@@ -84,21 +83,11 @@ func (d *dispatcher) parkIfVanished(v vanishedCheck) {
 
 // partitionHolds reports whether stream still stores seq.
 func (c *natsCore) partitionHolds(ctx context.Context, stream string, seq uint64) (bool, error) {
-	data, err := c.streamRequest(ctx, "STREAM.MSG.GET", stream, struct {
+	m, err := c.storedMsg(ctx, stream, struct {
 		Seq uint64 `json:"seq"`
 	}{seq})
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("event %d: %w", seq, err)
 	}
-	var answer storedMsgAnswer
-	if err := json.Unmarshal(data, &answer); err != nil {
-		return false, fmt.Errorf("event %d on %s: %w", seq, stream, err)
-	}
-	if answer.Error != nil {
-		if answer.Error.ErrorCode == jsErrNoMessageFound {
-			return false, nil
-		}
-		return false, fmt.Errorf("event %d on %s: %w", seq, stream, answer.Error)
-	}
-	return true, nil
+	return m != nil, nil
 }
