@@ -16,33 +16,28 @@ import (
 
 // message builds the Message for a delivered JetStream message.
 func (c *natsCore) message(ctx context.Context, m jetstream.Msg, settler Settler) *Message {
-	var ts time.Time
-	var attempt int
-	var seq uint64
-	if meta, err := m.Metadata(); err == nil {
-		ts, attempt, seq = meta.Timestamp, int(meta.NumDelivered), meta.Sequence.Stream
-	}
-	return c.delivered(ctx, m, ts, attempt, seq, settler)
+	meta, _ := parseDelivery(m.Reply()) // without it, the zero values: not known
+	return c.delivered(ctx, m, meta, settler)
 }
 
 // delivered builds the Message of m from its metadata, already parsed.
-func (c *natsCore) delivered(ctx context.Context, m jetstream.Msg, ts time.Time, attempt int, seq uint64, settler Settler) *Message {
+func (c *natsCore) delivered(ctx context.Context, m jetstream.Msg, meta delivery, settler Settler) *Message {
 	msg := new(Message)
-	c.deliveredInto(msg, ctx, m, ts, attempt, seq, settler)
+	c.deliveredInto(msg, ctx, m, meta, settler)
 	return msg
 }
 
 // deliveredInto is delivered into a Message the caller allocated (the worker keeps it
 // in the delivery's entry, one allocation fewer per delivery).
-func (c *natsCore) deliveredInto(msg *Message, ctx context.Context, m jetstream.Msg, ts time.Time, attempt int, seq uint64, settler Settler) {
+func (c *natsCore) deliveredInto(msg *Message, ctx context.Context, m jetstream.Msg, meta delivery, settler Settler) {
 	key := c.subs.keyOrSubject(m.Subject())
 	tenant, _, _ := strings.Cut(key, ".") // a key's first token is its tenant
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	*msg = Message{Ctx: ctx, Data: m.Data(), key: key, Timestamp: ts, Headers: userHeaders(m.Headers()),
+	*msg = Message{Ctx: ctx, Data: m.Data(), key: key, Timestamp: meta.timestamp, Headers: userHeaders(m.Headers()),
 		ID:      eventIDOr(m.Headers().Get(HeaderEventID), TenantID(tenant), m.Headers().Get(HeaderIdempotencyKey)),
-		Attempt: attempt, Sequence: seq, settler: settler}
+		Attempt: int(meta.numDelivered), Sequence: meta.streamSeq, settler: settler}
 }
 
 // subscribe runs the hub: an ordered, ack-less consumer on the history from the next

@@ -175,22 +175,22 @@ func (r *replayRun) pull(send func(*Message) bool) (bool, error) {
 	}
 	got, gap := 0, false
 	for m := range batch.Messages() {
-		meta, err := m.Metadata()
-		if err != nil {
-			return false, fmt.Errorf("replay %s: %w", r.subject, err)
+		meta, ok := parseDelivery(m.Reply())
+		if !ok {
+			return false, fmt.Errorf("replay %s: %w: ack subject %q", r.subject, jetstream.ErrNotJSMessage, m.Reply())
 		}
-		if meta.Sequence.Consumer != r.delivered+1 {
+		if meta.consumerSeq != r.delivered+1 {
 			gap = true // what came between was lost on the way
 			break
 		}
-		r.delivered = meta.Sequence.Consumer
-		if meta.Sequence.Stream > r.last {
+		r.delivered = meta.consumerSeq
+		if meta.streamSeq > r.last {
 			return false, nil // stored after the replay began: the live subscription has it
 		}
 		got++
 		r.owed--
-		r.sent = meta.Sequence.Stream
-		if !send(r.c.message(r.caller, m, nil)) {
+		r.sent = meta.streamSeq
+		if !send(r.c.delivered(r.caller, m, meta, nil)) {
 			return false, nil
 		}
 		if err := r.ctx.Err(); err != nil {

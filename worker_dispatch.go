@@ -248,7 +248,7 @@ func (d *dispatcher) over() bool { return d.stopped || d.reported }
 
 // arrive files a delivery into its tenant's lane.
 func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
-	meta, metaErr := m.Metadata()
+	meta, metaOK := parseDelivery(m.Reply())
 	if id := m.Headers().Get(pinIDHeader); id != "" {
 		if cur := u.pin.Load(); cur == nil || *cur != id {
 			// Pinned again (the server unpinned this worker: a stall or a full lane
@@ -256,7 +256,7 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 			// operator). The server numbers every delivery of the durable, whoever
 			// gets it: when this one follows the last this worker got, nobody else was
 			// served meanwhile, and nothing changed.
-			moved := cur != nil && (metaErr != nil || meta.Sequence.Consumer != u.lastDelivery.Load()+1)
+			moved := cur != nil && (!metaOK || meta.consumerSeq != u.lastDelivery.Load()+1)
 			if moved {
 				u.shared.Store(true) // before the pin: see handBackUnarrived
 			}
@@ -269,17 +269,16 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 		}
 	}
 	e := &entry{m: m, d: d, u: u, part: u.p, ackWait: u.ackWait, extended: time.Now()}
-	var ts time.Time
 	ref := eventRef{partition: -1}
-	if metaErr == nil {
-		u.lastDelivery.Store(meta.Sequence.Consumer)
-		e.seq, e.attempt, ts = meta.Sequence.Stream, int(meta.NumDelivered), meta.Timestamp
+	if metaOK {
+		u.lastDelivery.Store(meta.consumerSeq)
+		e.seq, e.attempt = meta.streamSeq, int(meta.numDelivered)
 		ref = eventRef{u.p, e.seq}
 	}
 	e.settler = d.core.settler(m, ref, &e.budget)
 	e.settle = settlement{Settler: e.settler, core: d.core, subject: m.Subject(), observer: e}
 	e.msg = &e.message
-	d.core.deliveredInto(e.msg, d.ctx, m, ts, e.attempt, e.seq, &e.settle)
+	d.core.deliveredInto(e.msg, d.ctx, m, meta, &e.settle)
 	tenant, _, _ := strings.Cut(e.msg.key, ".") // a key's first token is its tenant
 	if !d.file(u, TenantID(tenant), e) {
 		d.dropAcked(u, e)
