@@ -1,9 +1,12 @@
 package mq
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // builtAckSubject is the ack subject of stream seq's delivery by the durable consumer,
@@ -60,4 +63,13 @@ func parseDelivery(reply string) (delivery, bool) {
 		nums[i] = v
 	}
 	return delivery{numDelivered: nums[0], streamSeq: nums[1], consumerSeq: nums[2], timestamp: time.Unix(0, int64(nums[3]))}, true
+}
+
+// deliveryOf is parseDelivery of m's ack subject, failing as jetstream.Msg.Metadata
+// does on a message that is not a JetStream delivery.
+func deliveryOf(m jetstream.Msg) (delivery, error) {
+	if d, ok := parseDelivery(m.Reply()); ok {
+		return d, nil
+	}
+	return delivery{}, fmt.Errorf("%w: ack subject %q", jetstream.ErrNotJSMessage, m.Reply())
 }

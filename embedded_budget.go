@@ -150,19 +150,19 @@ func (e *EmbeddedNATS) rebuildBacklog(ctx context.Context, p int) error {
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			meta, err := m.Metadata()
-			if err != nil {
+			meta, ok := parseDelivery(m.Reply())
+			if !ok {
 				continue
 			}
-			if meta.Sequence.Stream <= delivered {
-				inFlight = append(inFlight, meta.Sequence.Stream)
+			if meta.streamSeq <= delivered {
+				inFlight = append(inFlight, meta.streamSeq)
 			}
-			if tenant, held := e.holdStored(p, m, meta); held && meta.Sequence.Stream <= delivered {
+			if tenant, held := e.holdStored(p, m, meta); held && meta.streamSeq <= delivered {
 				counted++
-				e.doubtful[p] = append(e.doubtful[p], meta.Sequence.Stream)
-				e.core.returning.note(p, delivered, tenant, meta.Sequence.Stream)
+				e.doubtful[p] = append(e.doubtful[p], meta.streamSeq)
+				e.core.returning.note(p, delivered, tenant, meta.streamSeq)
 			}
-			if meta.Sequence.Stream >= last {
+			if meta.streamSeq >= last {
 				return nil
 			}
 		}
@@ -235,13 +235,13 @@ func (e *EmbeddedNATS) saveAcked() {
 
 // holdStored counts a stored event (delivered headers-only) against its tenant
 // unless it is known to be acknowledged, and reports the tenant and whether it did.
-func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta *jetstream.MsgMetadata) (TenantID, bool) {
+func (e *EmbeddedNATS) holdStored(p int, m jetstream.Msg, meta delivery) (TenantID, bool) {
 	dataLen, _ := strconv.Atoi(m.Headers().Get(msgSizeHeader))
 	ev, ok := e.storedEvent(m.Subject(), m.Headers(), dataLen)
 	if !ok {
 		return "", false
 	}
-	return ev.tenant, e.budgets.adopt(eventRef{p, meta.Sequence.Stream}, ev, meta.Timestamp)
+	return ev.tenant, e.budgets.adopt(eventRef{p, meta.streamSeq}, ev, meta.timestamp)
 }
 
 // storedEvent is what a stored event counts, and against which tenant; false for a

@@ -211,11 +211,11 @@ func (e *EmbeddedNATS) firstStoredAtOrAfter(ctx context.Context, filter string, 
 	if err != nil {
 		return 0, e.core.mapRequestError("stream "+e.topo.HistoryStream+": find cutoff", err)
 	}
-	meta, err := m.Metadata()
+	meta, err := deliveryOf(m)
 	if err != nil {
 		return 0, err
 	}
-	return meta.Sequence.Stream, nil
+	return meta.streamSeq, nil
 }
 
 // streamSourceHeader is the header a sourced copy carries naming its original.

@@ -175,9 +175,9 @@ func (r *replayRun) pull(send func(*Message) bool) (bool, error) {
 	}
 	got, gap := 0, false
 	for m := range batch.Messages() {
-		meta, ok := parseDelivery(m.Reply())
-		if !ok {
-			return false, fmt.Errorf("replay %s: %w: ack subject %q", r.subject, jetstream.ErrNotJSMessage, m.Reply())
+		meta, err := deliveryOf(m)
+		if err != nil {
+			return false, fmt.Errorf("replay %s: %w", r.subject, err)
 		}
 		if meta.consumerSeq != r.delivered+1 {
 			gap = true // what came between was lost on the way
