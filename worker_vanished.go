@@ -16,7 +16,7 @@ import (
 // the copy it kept when the partition no longer holds it.
 
 // vanishedCheck is one failed event whose wait ran out, and its record of attempts as
-// the wait ran out (tries, the record itself; last, its last attempt).
+// the wait ran out (tries, the record itself, never nil; last, its last attempt).
 type vanishedCheck struct {
 	e     *entry
 	tries *tries
@@ -63,7 +63,7 @@ func (d *dispatcher) parkIfVanished(v vanishedCheck) {
 	// redelivery that came after the wait ran out, and was run (its record moved on)
 	// or acked (its record dropped), is not lost either.
 	lost := !d.over() && d.units[u.p] == u && !u.isReleasing() && !u.shared.Load() &&
-		!u.acked.has(e.seq) && d.tries[eventRef{e.part, e.seq}] == v.tries && v.tries != nil && v.tries.last.Equal(v.last)
+		!u.acked.has(e.seq) && d.tries[eventRef{e.part, e.seq}] == v.tries && v.tries.last.Equal(v.last)
 	t := tries{}
 	if lost {
 		t = *v.tries
