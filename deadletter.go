@@ -30,10 +30,7 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 			base[k] = v
 		}
 	}
-	if msg.ID != "" {
-		base[HeaderEventID] = []string{msg.ID} // for a redrive to keep
-	}
-	ctx = carryingEventID(ctx)
+	ctx = carryingEventID(ctx, msg.ID) // for a redrive to keep
 	// The key's first token is the tenant, also for a key this package did not write:
 	// DeadLetterCounts counts that park under the same tenant.
 	tenant, _, _ := strings.Cut(msg.key, ".")

@@ -332,9 +332,6 @@ func (c *natsCore) redrive(ctx context.Context, tenant TenantID, sel DeadLetterS
 			return nil // not a topic this package wrote: it stays parked
 		}
 		opts := []PublishOpt{WithIdempotencyKey(redriveKey(c.deadLetters, p.seq))}
-		if id := p.header.Get(HeaderEventID); id != "" {
-			opts = append(opts, WithHeader(HeaderEventID, id))
-		}
 		for k, vs := range p.msg.Headers {
 			if strings.HasPrefix(strings.ToLower(k), "mq-dead-") {
 				continue
@@ -343,7 +340,7 @@ func (c *natsCore) redrive(ctx context.Context, tenant TenantID, sel DeadLetterS
 				opts = append(opts, WithHeader(k, v))
 			}
 		}
-		if err := publish(carryingEventID(ctx), topic, p.msg.Data, opts...); err != nil {
+		if err := publish(carryingEventID(ctx, p.header.Get(HeaderEventID)), topic, p.msg.Data, opts...); err != nil {
 			return fmt.Errorf("redrive %d: %w", p.seq, err)
 		}
 		removed, err := c.deleteParked(ctx, p.seq)

@@ -61,8 +61,10 @@ const DeadReasonVanished = "vanished"
 // idempotency key had to differ. A park sets it to the parked event's ID, and a
 // redrive, which stores the event under a key of its park (so a retried redrive stores
 // it once), keeps it: the redriven event's deliveries carry the ID its first ones did,
-// for idempotent writes. No Message.Headers shows it, and a Publish carrying it is
-// refused with ErrInvalidHeader, so no other event can take that ID.
+// for idempotent writes. No Message.Headers shows it, and a Publish or DeadLetter
+// carrying it (as an option, or among a parked message's headers) is refused with
+// ErrInvalidHeader: a park takes the ID from Message.ID alone, so no other event can
+// take that ID.
 const HeaderEventID = "Mq-Event-Id"
 
 // HeaderIdempotencyKey is the header WithIdempotencyKey sets. A broker stores at most

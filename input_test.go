@@ -379,6 +379,17 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 				return r.b.PublishBatch(ctx, Batch{Tenant: tenant, Events: []BatchEvent{{Table: "t", Data: x,
 					Options: []PublishOpt{WithHeader(HeaderEventID, "someone-elses")}}}})
 			}},
+		// A park stores the event ID from the message's own ID alone: one a host gave
+		// it would let a redrive deliver another event under that ID.
+		inputRow{name: "DeadLetter with the broker's event ID header as an option", want: ErrInvalidHeader, says: "Mq-Event-Id",
+			call: func() error {
+				return r.b.DeadLetter(ctx, NewMessage(ctx, topic, x), WithHeader(HeaderEventID, "someone-elses"))
+			}},
+		inputRow{name: "DeadLetter of a message carrying the broker's event ID header", want: ErrInvalidHeader, says: "Mq-Event-Id",
+			call: func() error {
+				return r.b.DeadLetter(ctx, NewMessage(ctx, topic, x,
+					WithMessageHeaders(Headers{HeaderEventID: {"someone-elses"}})))
+			}},
 		inputRow{name: "Publish with a nil option", want: ErrInvalidConfig, says: "option 1 is nil",
 			call: func() error { return r.b.Publish(ctx, topic, x, WithHeader("X-A", "a"), nil) }},
 		inputRow{name: "PublishBatch with a nil option", want: ErrInvalidConfig, says: "option 0 is nil",

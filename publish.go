@@ -56,11 +56,14 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 		}
 		opt(h)
 	}
+	if _, ok := h[HeaderEventID]; ok {
+		return outgoing{}, fmt.Errorf("%w: %q is the broker's own (a park and a redrive carry the event's ID in it)", ErrInvalidHeader, HeaderEventID)
+	}
+	if id, _ := ctx.Value(eventIDCarrier{}).(string); id != "" {
+		h[HeaderEventID] = []string{id}
+	}
 	if err := validateHeaders(h); err != nil {
 		return outgoing{}, err
-	}
-	if _, ok := h[HeaderEventID]; ok && ctx.Value(eventIDCarrier{}) == nil {
-		return outgoing{}, fmt.Errorf("%w: %q is the broker's own (a park and a redrive carry the event's ID in it)", ErrInvalidHeader, HeaderEventID)
 	}
 	otel.GetTextMapPropagator().Inject(ctx, headerCarrier(h))
 	id := nuid.Next()
@@ -184,13 +187,16 @@ func reserved(k string) bool {
 	return len(k) >= len(reservedHeaderPrefix) && strings.EqualFold(k[:len(reservedHeaderPrefix)], reservedHeaderPrefix)
 }
 
-// eventIDCarrier marks the context of a park or a redrive, the only sends that may
-// carry HeaderEventID: one a host set, or copied from a delivery, would give another
-// event that ID.
+// eventIDCarrier is the context key of the ID a park or a redrive stores in
+// HeaderEventID. prepare sets the header from it alone, and refuses the header from
+// the headers or options a send was given: one a host set there, on a Publish or on a
+// DeadLetter of a message it built, would give another event that ID.
 type eventIDCarrier struct{}
 
-func carryingEventID(ctx context.Context) context.Context {
-	return context.WithValue(ctx, eventIDCarrier{}, true)
+// carryingEventID is ctx with the ID id for prepare to store in HeaderEventID; "" is
+// none.
+func carryingEventID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, eventIDCarrier{}, id)
 }
 
 // userHeaders copies h without the broker's own headers: the "Nats-" bookkeeping ones
