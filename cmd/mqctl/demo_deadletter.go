@@ -2,19 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/wavehouse/mq"
 )
 
 // The dead letters: the broker's counts per tenant and table, and the parked events
-// themselves, read back from the dead-letter stream to show why the policy parked
+// themselves, read back with the broker's DeadLetters to show why the policy parked
 // the poison event.
 
 // demoDeadLetters is what the dead-letter step read.
@@ -24,10 +20,10 @@ type demoDeadLetters struct {
 	parked []parkedEvent
 }
 
-// parkedEvent is one event on the dead-letter stream, with the headers the poison
-// policy adds (mq.HeaderDead*).
+// parkedEvent is one parked event, with the headers the poison policy adds
+// (mq.HeaderDead*).
 type parkedEvent struct {
-	subject  string
+	key      string // its topic key
 	topic    mq.Topic
 	stored   time.Time
 	demoID   string // X-Demo-Id, as published
@@ -66,61 +62,43 @@ func (d *demoRun) deadLetters(ctx context.Context) (demoDeadLetters, error) {
 	}
 	d.printf("parked: %s", formatTotals(dl.counts))
 
-	dl.parked, err = readParked(ctx, d.broker.ClientURL(), d.topo)
+	dl.parked, err = readParked(ctx, d.broker, demoTenants)
 	if err != nil {
-		return dl, fmt.Errorf("read the dead-letter stream %s: %w", dl.stream, err)
+		return dl, fmt.Errorf("read the parked events back: %w", err)
 	}
 	for _, p := range dl.parked {
 		d.printf("read back from %s: %s (%s), reason %s after %s attempts: %s",
-			dl.stream, p.demoID, p.subject, p.reason, p.attempts, p.lastErr)
+			dl.stream, p.demoID, p.key, p.reason, p.attempts, p.lastErr)
 	}
 	return dl, nil
 }
 
-// readParked reads every event on the dead-letter stream, oldest first.
-//
-// EmbeddedNATS has no reader of parked events yet, so this one reads the stream
-// itself, with a nats.go connection of its own to the embedded server's listener: the
-// stream is topo.DeadLetterStream(), and an event parked from topic key K is on
-// subject "<prefix>.dlq.K". Demo-only: a host would wait for the library's reader.
-func readParked(ctx context.Context, url string, topo mq.NATSTopology) ([]parkedEvent, error) {
-	if url == "" {
-		return nil, errors.New("the embedded broker has no listener")
-	}
-	nc, err := nats.Connect(url, nats.Name("mqctl-demo-dead-letter-reader"))
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	stream, err := js.Stream(ctx, topo.DeadLetterStream())
-	if err != nil {
-		return nil, err
-	}
-	state := stream.CachedInfo().State
+// readParked reads tenants' parked events back through the broker's own reader,
+// tenant by tenant, oldest first, a page at a time, as an operator's tool would.
+func readParked(ctx context.Context, b mq.DeadLetterManager, tenants []mq.TenantID) ([]parkedEvent, error) {
 	var parked []parkedEvent
-	for seq := state.FirstSeq; state.Msgs > 0 && seq <= state.LastSeq; seq++ {
-		m, err := stream.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue // a gap the stream's limits left
+	for _, t := range tenants {
+		q := mq.DeadLetterQuery{Limit: 10}
+		for {
+			page, next, err := b.DeadLetters(ctx, t, q)
+			if err != nil {
+				return parked, fmt.Errorf("tenant %s: %w", t, err)
+			}
+			for _, m := range page {
+				h := m.Headers
+				parked = append(parked, parkedEvent{
+					key: m.TopicKey(), topic: m.Topic(), stored: m.Timestamp, demoID: h.Get("X-Demo-Id"),
+					reason: h.Get(mq.HeaderDeadReason), lastErr: h.Get(mq.HeaderDeadError),
+					attempts: h.Get(mq.HeaderDeadAttempts), part: h.Get(mq.HeaderDeadPartition),
+					sequence: h.Get(mq.HeaderDeadSequence),
+					first:    h.Get(mq.HeaderDeadFirstAttempt), last: h.Get(mq.HeaderDeadLastAttempt),
+				})
+			}
+			if next == "" {
+				break
+			}
+			q.Cursor = next
 		}
-		if err != nil {
-			return parked, fmt.Errorf("message %d: %w", seq, err)
-		}
-		p := parkedEvent{
-			subject: m.Subject, stored: m.Time, demoID: m.Header.Get("X-Demo-Id"),
-			reason: m.Header.Get(mq.HeaderDeadReason), lastErr: m.Header.Get(mq.HeaderDeadError),
-			attempts: m.Header.Get(mq.HeaderDeadAttempts), part: m.Header.Get(mq.HeaderDeadPartition),
-			sequence: m.Header.Get(mq.HeaderDeadSequence),
-			first:    m.Header.Get(mq.HeaderDeadFirstAttempt), last: m.Header.Get(mq.HeaderDeadLastAttempt),
-		}
-		if key, ok := strings.CutPrefix(m.Subject, topo.Prefix+".dlq."); ok {
-			p.topic, _ = mq.ParseTopicKey(key)
-		}
-		parked = append(parked, p)
 	}
 	return parked, nil
 }
@@ -130,7 +108,7 @@ func readParked(ctx context.Context, url string, topo mq.NATSTopology) ([]parked
 // written only after the park.
 func (d *demoRun) checkParked(parked []parkedEvent) {
 	poison := d.plan.poison
-	d.check("events on the dead-letter stream", len(parked), 1)
+	d.check("parked events read back", len(parked), 1)
 	if len(parked) == 0 {
 		return
 	}

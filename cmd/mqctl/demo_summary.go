@@ -86,14 +86,14 @@ func (d *demoRun) workerSummary() {
 // parkedSummary prints every event read back from the dead-letter stream with the
 // headers the poison policy gave it.
 func parkedSummary(out io.Writer, dl demoDeadLetters) {
-	fmt.Fprintf(out, "\nparked events, read back from stream %s (a nats.go connection of the demo's own)\n", dl.stream)
+	fmt.Fprintf(out, "\nparked events, read back from stream %s with DeadLetters\n", dl.stream)
 	if len(dl.parked) == 0 {
 		fmt.Fprintln(out, "  none")
 	}
 	for _, p := range dl.parked {
 		w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 		for _, row := range [][2]string{
-			{"event", p.demoID + " on " + p.subject},
+			{"event", p.demoID + " on " + p.key},
 			{"stored", p.stored.UTC().Format(time.RFC3339Nano)},
 			{mq.HeaderDeadReason, p.reason},
 			{mq.HeaderDeadError, p.lastErr},

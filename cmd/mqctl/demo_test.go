@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,17 +91,18 @@ func TestDemoWorkerCallsOnOnePartitionByTwoWorkersAtOnceAreCaught(t *testing.T) 
 	}
 }
 
-// TestReadParkedReadsEveryParkedEventWithItsHeaders parks two events by hand on an
-// embedded broker listening on loopback and reads them back with the demo's reader.
+// TestReadParkedReadsEveryParkedEventWithItsHeaders parks events by hand on an
+// embedded broker and reads them back with the demo's reader, across pages.
 func TestReadParkedReadsEveryParkedEventWithItsHeaders(t *testing.T) {
-	e, err := mq.NewEmbedded(t.Context(), mq.EmbeddedOptions{StoreDir: t.TempDir(), ListenAddr: "127.0.0.1:0", NoSync: true,
+	e, err := mq.NewEmbedded(t.Context(), mq.EmbeddedOptions{StoreDir: t.TempDir(), NoSync: true,
 		Topology: demoTopology, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if got, err := readParked(t.Context(), e.ClientURL(), demoTopology); err != nil || len(got) != 0 {
-		t.Fatalf("an empty dead-letter stream: %v, %v", got, err)
+	tenants := []mq.TenantID{"acme", "globex"}
+	if got, err := readParked(t.Context(), e, tenants); err != nil || len(got) != 0 {
+		t.Fatalf("nothing parked: %v, %v", got, err)
 	}
 	topic := mq.Topic{Tenant: "acme", Table: "orders", Scope: "eu"}
 	msg := mq.NewMessage(t.Context(), topic, []byte(`{}`), mq.WithMessageHeaders(mq.Headers{"X-Demo-Id": {"acme#10"}}))
@@ -107,26 +110,34 @@ func TestReadParkedReadsEveryParkedEventWithItsHeaders(t *testing.T) {
 		mq.WithHeader(mq.HeaderDeadAttempts, "3"), mq.WithHeader(mq.HeaderDeadError, "boom")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.DeadLetter(t.Context(), mq.NewMessage(t.Context(), mq.Topic{Tenant: "globex", Table: "clicks"}, nil)); err != nil {
-		t.Fatal(err)
+	// More than a page (10) of globex's, so the reader follows the cursor.
+	const more = 12
+	for i := range more {
+		m := mq.NewMessage(t.Context(), mq.Topic{Tenant: "globex", Table: "clicks"}, nil,
+			mq.WithMessageHeaders(mq.Headers{"X-Demo-Id": {"globex#" + strconv.Itoa(i)}}))
+		if err := e.DeadLetter(t.Context(), m); err != nil {
+			t.Fatal(err)
+		}
 	}
-	got, err := readParked(t.Context(), e.ClientURL(), demoTopology)
+	got, err := readParked(t.Context(), e, tenants)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 {
-		t.Fatalf("read %d parked events, want 2: %+v", len(got), got)
+	if len(got) != 1+more {
+		t.Fatalf("read %d parked events, want %d: %+v", len(got), 1+more, got)
 	}
 	p := got[0]
-	if p.demoID != "acme#10" || p.topic != topic || p.subject != "wh.dlq.acme.orders.eu" || p.reason != mq.DeadReasonHandlerFailed ||
+	if p.demoID != "acme#10" || p.topic != topic || p.key != "acme.orders.eu" || p.reason != mq.DeadReasonHandlerFailed ||
 		p.attempts != "3" || p.lastErr != "boom" || p.stored.IsZero() {
 		t.Fatalf("first parked event %+v", p)
 	}
-	if got[1].topic.Tenant != "globex" || got[1].reason != "" {
-		t.Fatalf("second parked event %+v", got[1])
+	for i, p := range got[1:] {
+		if p.topic.Tenant != "globex" || p.reason != "" || p.demoID != "globex#"+strconv.Itoa(i) {
+			t.Fatalf("globex's parked event %d: %+v", i, p)
+		}
 	}
-	if _, err := readParked(t.Context(), "", demoTopology); err == nil {
-		t.Fatal("no listener: want an error")
+	if _, err := readParked(t.Context(), e, []mq.TenantID{"not a tenant"}); !errors.Is(err, mq.ErrInvalidTenant) {
+		t.Fatalf("an invalid tenant: %v, want ErrInvalidTenant", err)
 	}
 }
 
