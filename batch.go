@@ -55,7 +55,8 @@ type BatchPublisher interface {
 	// sent. A failure after sending is a *BatchError naming the events not confirmed;
 	// retrying the batch with idempotency keys on its events stores each event once.
 	// An atomic batch larger than the broker accepts in one unit wraps
-	// ErrPayloadTooLarge. An empty batch is a no-op. Errors wrap the sentinels
+	// ErrPayloadTooLarge. An empty batch of a valid tenant is a no-op; an invalid
+	// tenant is refused, events or none. Errors wrap the sentinels
 	// Publish's do, or are ctx's error.
 	PublishBatch(ctx context.Context, b Batch) error
 }

@@ -86,7 +86,7 @@ func WithHeader(key, value string) PublishOpt { return func(h Headers) { h.Add(k
 // WithIdempotencyKey makes the publish or park idempotent: a second one with the same
 // key within the broker's duplicate window is dropped and reported as success. Keys are
 // scoped to the tenant: two tenants' equal keys never collide, on Publish or on
-// DeadLetter.
+// DeadLetter. Like every option, a later WithIdempotencyKey replaces an earlier one.
 func WithIdempotencyKey(key string) PublishOpt {
 	return func(h Headers) { h.Set(HeaderIdempotencyKey, key) }
 }

@@ -307,6 +307,10 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 		bad("the smallest payload refused", make([]byte, o.room+1), ErrPayloadTooLarge, WithIdempotencyKey("edge-y"))
 		bad("a payload far over the limit", make([]byte, 2*limit), ErrPayloadTooLarge)
 	}
+	for _, tenant := range []TenantID{"", "ac.me"} {
+		rows = append(rows, inputRow{name: fmt.Sprintf("PublishBatch of no events for tenant %q", tenant), want: ErrInvalidTopic,
+			call: func() error { return r.b.PublishBatch(ctx, Batch{Tenant: tenant}) }})
+	}
 	rows = append(rows, inputRow{name: "DeadLetter of a message built with a bad header name", want: ErrInvalidHeader,
 		call: func() error {
 			return r.b.DeadLetter(ctx, NewMessage(ctx, topic, x, WithMessageHeaders(Headers{"X/Y": {"v"}})))

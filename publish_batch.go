@@ -63,11 +63,13 @@ func (c *natsCore) prepareBatch(ctx context.Context, b Batch) (outBatch, error) 
 	if ctx == nil {
 		return outBatch{}, errNilContext("publish batch")
 	}
-	if len(b.Events) == 0 {
-		return outBatch{}, nil
-	}
+	// The tenant first: a host's bug that leaves it unset is refused even while its
+	// batches come empty.
 	if err := b.Tenant.Validate(); err != nil {
 		return outBatch{}, fmt.Errorf("publish batch: %w: tenant: %w", ErrInvalidTopic, err)
+	}
+	if len(b.Events) == 0 {
+		return outBatch{}, nil
 	}
 	if b.Atomic && len(b.Events) > MaxAtomicBatch {
 		return outBatch{}, fmt.Errorf("%w: publish batch: %d events, an atomic batch holds at most %d",
