@@ -59,11 +59,17 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 // attempt, at most MaxRetryDelay and never beyond the durable's ack wait, so a failed
 // event is back before anything its tenant held behind it would be.
 func (d *dispatcher) retryDelay(e *entry) time.Duration {
-	delay := d.policy.retryDelay
-	for i := 1; i < e.attempt && delay < d.policy.maxRetryDelay; i++ {
+	delay, most := d.policy.retryDelay, d.policy.maxRetryDelay
+	for i := 1; i < e.attempt && delay < most; i++ {
+		// Capped before it doubles: a MaxRetryDelay near the largest duration (left
+		// to the ack wait to bound) overflowed the doubling into a negative delay,
+		// which nakked at once, a poison event redelivered in a hot loop.
+		if delay > most/2 {
+			delay = most
+			break
+		}
 		delay *= 2
 	}
-	delay = min(delay, d.policy.maxRetryDelay)
 	if e.ackWait > 0 {
 		delay = min(delay, e.ackWait)
 	}
