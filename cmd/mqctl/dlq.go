@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/wavehouse/mq"
 )
@@ -188,9 +190,9 @@ func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, ten
 	fmt.Fprintln(tw, "ID\tTABLE\tSCOPE\tPARKED\tREASON\tATTEMPTS\tERROR")
 	for _, m := range page {
 		t := m.Topic()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, t.Table, dash(t.Scope),
-			m.Timestamp.UTC().Format(time.RFC3339), dash(m.Headers.Get(mq.HeaderDeadReason)),
-			dash(m.Headers.Get(mq.HeaderDeadAttempts)), dash(m.Headers.Get(mq.HeaderDeadError)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, cell(t.Table), cell(t.Scope),
+			m.Timestamp.UTC().Format(time.RFC3339), cell(m.Headers.Get(mq.HeaderDeadReason)),
+			cell(m.Headers.Get(mq.HeaderDeadAttempts)), cell(m.Headers.Get(mq.HeaderDeadError)))
 		if f.headers {
 			keys := make([]string, 0, len(m.Headers))
 			for k := range m.Headers {
@@ -199,7 +201,7 @@ func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, ten
 			slices.Sort(keys)
 			for _, k := range keys {
 				for _, v := range m.Headers[k] {
-					fmt.Fprintf(tw, "\t  %s: %s\n", k, v)
+					fmt.Fprintf(tw, "\t  %s: %s\n", k, shown(v))
 				}
 			}
 		}
@@ -214,10 +216,23 @@ func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, ten
 	return nil
 }
 
-// dash stands in for an empty column, so the columns stay aligned.
-func dash(s string) string {
+// cell is s as one column of a table: "-" when empty, so the columns stay aligned,
+// else shown.
+func cell(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return shown(s)
+}
+
+// shown is s Go-quoted when it holds what a terminal would act on or a tab would
+// misalign (a control character, ESC, DEL, bytes that are not UTF-8), else s itself:
+// tables, scopes, headers, errors and worker names are bytes a tenant or a host chose.
+func shown(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) && r != ' ' {
+			return strconv.Quote(s)
+		}
 	}
 	return s
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -126,5 +127,35 @@ func TestDLQRefusesBadArguments(t *testing.T) {
 		if code, _, stderr := runArgs(t, args...); code != 2 || stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q; want a usage error", args, code, stderr)
 		}
+	}
+}
+
+// TestDLQListShowsTenantChosenBytesQuotedNotRaw: a table, scope, error or header value
+// holding terminal controls (ESC, BEL, CR), a tab or bytes that are not UTF-8 is
+// printed Go-quoted, so nothing a tenant chose reaches the operator's terminal raw or
+// shifts the columns.
+func TestDLQListShowsTenantChosenBytesQuotedNotRaw(t *testing.T) {
+	e := openEmbedded(t)
+	table, scope := "evil\x1b]0;owned\x07\x1b[2J\ttab\rcr", "bad\xffutf8"
+	msg := mq.NewMessage(context.Background(), mq.Topic{Tenant: "acme", Table: table, Scope: scope}, []byte("row"))
+	if err := e.DeadLetter(t.Context(), msg, mq.WithHeader(mq.HeaderDeadError, "line\x1b[31mred"),
+		mq.WithHeader("X-Note", "bell\x07")); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runArgs(t, "dlq", "ls", "-url", e.ClientURL(), "-tenant", "acme", "-headers")
+	if code != 0 {
+		t.Fatalf("dlq ls: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if strings.ContainsAny(stdout, "\x1b\x07\r\t\xff") {
+		t.Fatalf("dlq ls printed raw control bytes: %q", stdout)
+	}
+	for _, want := range []string{strconv.Quote(table), strconv.Quote(scope), strconv.Quote("line\x1b[31mred"),
+		"X-Note: " + strconv.Quote("bell\x07")} {
+		if !strings.Contains(stdout, want) {
+			t.Fatalf("dlq ls does not show %s:\n%s", want, stdout)
+		}
+	}
+	if row := strings.Fields(strings.Split(stdout, "\n")[1]); row[1] != strconv.Quote(table) {
+		t.Fatalf("dlq ls: the table is not one column: %q", row)
 	}
 }

@@ -107,11 +107,11 @@ func writeStatus(w io.Writer, s mq.TopologyStatus) {
 			pinned = shortID(p.PinnedID) + " since " + p.PinnedAt.UTC().Format(time.TimeOnly)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Partition, p.Stream, p.Messages, p.Bytes,
-			p.Pending, p.AckPending, p.Redelivered, dash(strings.Join(owners[p.Partition], ",")), pinned)
+			p.Pending, p.AckPending, p.Redelivered, cell(strings.Join(owners[p.Partition], ",")), pinned)
 	}
 	section(tw, "WORKER\tNAME\tOWNED\tCLAIM\tLEAVING")
 	for _, wk := range s.Workers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\n", shortID(wk.ID), dash(wk.Name), dash(ints(wk.Owned)), dash(ints(wk.Claim)), wk.Leaving)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\n", shortID(wk.ID), cell(wk.Name), cell(ints(wk.Owned)), cell(ints(wk.Claim)), wk.Leaving)
 	}
 	if len(s.Workers) == 0 {
 		fmt.Fprintln(tw, "(no worker heard)")
@@ -123,7 +123,7 @@ func writeStatus(w io.Writer, s mq.TopologyStatus) {
 		if src.LastSeen >= 0 {
 			seen = src.LastSeen.Round(time.Millisecond).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", src.Stream, src.Lag, seen, dash(src.Error))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", src.Stream, src.Lag, seen, cell(src.Error))
 	}
 	section(tw, "TENANT\tPARKED")
 	for _, t := range slices.Sorted(maps.Keys(s.DeadLetters)) {
