@@ -32,7 +32,8 @@ type EmbeddedOptions struct {
 	// ListenAddr, when set (e.g. "127.0.0.1:0"), also serves NATS clients on that TCP
 	// address; see ClientURL. Empty means in-process connections only. The listener
 	// has no authentication, so keep it on loopback; any other address is logged as a
-	// warning.
+	// warning. An address that cannot be bound here is ErrInvalidConfig, a port in use
+	// ErrUnavailable, both at once.
 	ListenAddr string
 	// Topology names and sizes the streams. Zero fields take NATSTopology's defaults;
 	// replicas are always 1. A store keeps its partition count while any partition
@@ -124,7 +125,9 @@ const (
 // NewEmbedded starts an in-process nats-server, creates or updates the topology (every
 // partition with its durable before anything can be published, the history sourcing
 // them, the dead-letter stream), restores the budgets and backlogs kept in the store,
-// and returns the broker.
+// and returns the broker. Options that cannot work (a store directory it cannot make,
+// a topology the server refuses, such as partitions larger than it may reserve) wrap
+// ErrInvalidConfig.
 func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, error) {
 	if ctx == nil {
 		return nil, errNilContext("embedded nats")
@@ -155,14 +158,14 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "mq-embedded-")
 		if err != nil {
-			return nil, fmt.Errorf("embedded nats: store: %w", err)
+			return nil, fmt.Errorf("%w: embedded nats: a temporary store: %w", ErrUnavailable, err)
 		}
 		dir, e.tempDir = tmp, tmp
 	}
 	// A store JetStream cannot create fails in the background and readiness would
 	// only time out, so make it first.
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("embedded nats: store %s: %w", dir, err)
+	if err := os.MkdirAll(dir, 0o700); err != nil { // a file, under a file, a bad name, no permission
+		return nil, fmt.Errorf("%w: embedded nats: store %s: %w", ErrInvalidConfig, dir, err)
 	}
 	if e.tempDir == "" { // a temporary store is this broker's alone
 		lock, err := lockStore(ctx, dir, cmp.Or(opts.ReadyTimeout, defaultReadyTimeout))
@@ -201,6 +204,9 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	if opts.ListenAddr != "" {
 		host, port, err := parseListenAddr(opts.ListenAddr)
 		if err != nil {
+			return err
+		}
+		if err := checkListen(opts.ListenAddr); err != nil {
 			return err
 		}
 		sopts.Host, sopts.Port = host, port

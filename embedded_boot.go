@@ -2,13 +2,33 @@ package mq
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Creating the topology at a start and waiting for the history to attach its sources.
+
+// createStream creates cfg's stream or updates it in place. The in-process server
+// refusing it (an API error, not a lost request) means the options ask for what it
+// cannot hold, such as partitions larger than the store may reserve, or for a change
+// it does not allow to a stream the store holds: ErrInvalidConfig, with its reason.
+func (e *EmbeddedNATS) createStream(ctx context.Context, cfg jetstream.StreamConfig) error {
+	_, err := e.js.CreateOrUpdateStream(ctx, cfg)
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &apiErr) && apiErr.Code == http.StatusServiceUnavailable: // JetStream not ready yet
+		return fmt.Errorf("%w: stream %s: %w", ErrUnavailable, cfg.Name, err)
+	case errors.As(err, &apiErr):
+		return fmt.Errorf("%w: stream %s: %w", ErrInvalidConfig, cfg.Name, err)
+	}
+	return fmt.Errorf("stream %s: %w", cfg.Name, err)
+}
 
 // boot creates the topology and restores what the store holds.
 func (e *EmbeddedNATS) boot(ctx context.Context) error {
@@ -18,8 +38,8 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 	}
 	for p := range e.topo.Partitions {
 		cfg := e.topo.partitionConfig(p)
-		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		if err := e.createStream(ctx, cfg); err != nil {
+			return err
 		}
 		// The durable comes before any publish: an interest stream stores a publish
 		// nowhere when no consumer's filter covers it. An existing one is updated in
@@ -33,8 +53,8 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 		}
 	}
 	for _, cfg := range []jetstream.StreamConfig{e.topo.historyConfig(), e.topo.deadLetterConfig()} {
-		if _, err := e.js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		if err := e.createStream(ctx, cfg); err != nil {
+			return err
 		}
 	}
 	kv, err := e.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -364,22 +366,48 @@ func TestNewEmbedded_RefusesAStoreItCannotCreate(t *testing.T) {
 }
 
 // TestNewEmbedded_OptionsThatCannotWorkAreInvalidConfig: a bad listen address or
-// port, a negative ReadyTimeout and a topology that cannot work wrap ErrInvalidConfig,
-// so a host tells them from a store it cannot open.
+// port, a store directory that cannot be made, a negative ReadyTimeout and a topology
+// that cannot work wrap ErrInvalidConfig, so a host tells them from a store it cannot
+// open; an address the server could not listen on is refused at once, not after the
+// ready wait (ReadyTimeout is an hour here, far past the test's deadline).
 func TestNewEmbedded_OptionsThatCannotWorkAreInvalidConfig(t *testing.T) {
 	t.Parallel()
+	file := filepath.Join(t.TempDir(), "a-file")
+	require.NoError(t, os.WriteFile(file, []byte("x"), 0o600))
 	for name, opts := range map[string]EmbeddedOptions{
 		"a listen address without a port": {ListenAddr: "nonsense"},
 		"a port that is not a number":     {ListenAddr: "127.0.0.1:port"},
 		"a port beyond 65535":             {ListenAddr: "127.0.0.1:70000"},
-		"a negative ReadyTimeout":         {ReadyTimeout: -time.Second},
-		"a bad prefix":                    {Topology: NATSTopology{Prefix: "A.B"}},
-		"negative partitions":             {Topology: NATSTopology{Partitions: -1}},
+		// TEST-NET-1: no interface of this machine has it; binding fails locally.
+		"a listen address of no interface here": {ListenAddr: "192.0.2.1:0", ReadyTimeout: time.Hour},
+		"a listen host holding a NUL":           {ListenAddr: "127.0.0.1\x00:0", ReadyTimeout: time.Hour},
+		"a store that is a file":                {StoreDir: file},
+		"a store under a file":                  {StoreDir: filepath.Join(file, "store")},
+		"a store holding a NUL":                 {StoreDir: t.TempDir() + "/a\x00b"},
+		"a negative ReadyTimeout":               {ReadyTimeout: -time.Second},
+		"a bad prefix":                          {Topology: NATSTopology{Prefix: "A.B"}},
+		"negative partitions":                   {Topology: NATSTopology{Partitions: -1}},
+		// 4 x 2^61 bytes: more than the embedded server may reserve for its streams.
+		"partitions larger than the store may hold": {StoreDir: t.TempDir(), Topology: NATSTopology{PartitionMaxBytes: math.MaxInt64 / 4}},
 	} {
 		opts.Logger = quietLog
 		_, err := NewEmbedded(t.Context(), opts)
 		assert.ErrorIs(t, err, ErrInvalidConfig, name)
 	}
+}
+
+// TestNewEmbedded_AListenPortInUseIsUnavailableAtOnce: a port another listener holds
+// may come free (an old process still exiting), so it is ErrUnavailable, not a
+// configuration error, and it comes back at once rather than after ReadyTimeout.
+func TestNewEmbedded_AListenPortInUseIsUnavailableAtOnce(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	_, err = NewEmbedded(t.Context(), EmbeddedOptions{StoreDir: t.TempDir(), ListenAddr: ln.Addr().String(),
+		ReadyTimeout: time.Hour, Logger: quietLog})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.ErrorContains(t, err, ln.Addr().String())
 }
 
 // TestEntryPoints_ANilContextOrJetStreamIsInvalidConfigNotAPanic: the constructors and
