@@ -86,8 +86,12 @@ func (c *natsCore) health(ctx context.Context, extra error) error {
 // HealthHandler serves h's Health as an HTTP probe: 200 "ok" when it returns nil, or
 // 503 with the error's text. The request's context bounds the check, so a probe's
 // timeout ends it. The text names streams, consumers and hubs, never a URL or a
-// credential.
+// credential. A nil h fails every probe with ErrInvalidConfig's text: wiring that
+// lost its broker must not pass for healthy, nor panic per request.
 func HealthHandler(h HealthChecker) http.Handler {
+	if h == nil {
+		h = HealthFunc(nil)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
@@ -104,5 +108,10 @@ func HealthHandler(h HealthChecker) http.Handler {
 // HealthHandler.
 type HealthFunc func(ctx context.Context) error
 
-// Health calls f.
-func (f HealthFunc) Health(ctx context.Context) error { return f(ctx) }
+// Health calls f; a nil f is an error wrapping ErrInvalidConfig.
+func (f HealthFunc) Health(ctx context.Context) error {
+	if f == nil {
+		return fmt.Errorf("%w: health: no checker", ErrInvalidConfig)
+	}
+	return f(ctx)
+}

@@ -166,3 +166,22 @@ func TestHealthHandler_Serves200OkWhenHealthyAnd503WithTheErrorWhenNot(t *testin
 	require.Equal(t, http.StatusServiceUnavailable, bad.Code)
 	require.Equal(t, "hub \"sse\" stopped delivering\n", bad.Body.String())
 }
+
+// TestHealthHandler_ANilCheckerFailsEveryProbeRatherThanPanicking: wiring that lost
+// its broker (a nil HealthChecker, or a nil HealthFunc) is reported unhealthy, with
+// the configuration error's text, on every request.
+func TestHealthHandler_ANilCheckerFailsEveryProbeRatherThanPanicking(t *testing.T) {
+	t.Parallel()
+	var nilFunc HealthFunc
+	for name, h := range map[string]HealthChecker{"nil checker": nil, "nil HealthFunc": nilFunc} {
+		for range 2 {
+			rec := httptest.NewRecorder()
+			require.NotPanics(t, func() {
+				HealthHandler(h).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			}, name)
+			require.Equal(t, http.StatusServiceUnavailable, rec.Code, name)
+			require.Contains(t, rec.Body.String(), ErrInvalidConfig.Error(), name)
+		}
+	}
+	require.ErrorIs(t, nilFunc.Health(t.Context()), ErrInvalidConfig)
+}
