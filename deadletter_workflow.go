@@ -59,10 +59,13 @@ func (c *natsCore) streamRequest(ctx context.Context, api, stream string, req an
 	rctx, cancel := context.WithTimeout(ctx, c.topo.PublishTimeout)
 	defer cancel()
 	msg, err := c.nc.RequestWithContext(rctx, jetstream.DefaultAPIPrefix+api+"."+stream, body)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+	switch {
+	case err == nil:
+	case c.closed.Load(): // Close cut the request off: no retry will do
+		return nil, fmt.Errorf("%s on stream %s: %w: %w", api, stream, ErrClosed, err)
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	default:
 		return nil, fmt.Errorf("%w: %s on stream %s: %w", ErrUnavailable, api, stream, err)
 	}
 	return msg.Data, nil

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -358,4 +360,54 @@ func TestEmbeddedNATS_ARedrivenEventKeepsItsMessageID(t *testing.T) {
 			t.Fatal("a redriven event never came")
 		}
 	}
+}
+
+// TestEmbeddedNATS_CloseUnderDeadLetterReadsEndsEachWithSuccessOrErrClosed: a read of
+// the dead-letter queue that Close cuts off is ErrClosed, as a call after Close is;
+// it was ErrUnavailable, which tells a host to retry a broker that is gone.
+func TestEmbeddedNATS_CloseUnderDeadLetterReadsEndsEachWithSuccessOrErrClosed(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, t.TempDir())
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	for i := range 30 {
+		require.NoError(t, e.DeadLetter(ctx, NewMessage(ctx, Topic{Tenant: "acme", Table: "t" + strconv.Itoa(i%3)}, []byte("x"))))
+	}
+	reads := map[string]func() error{
+		"DeadLetters": func() error { _, _, err := e.DeadLetters(ctx, "acme", DeadLetterQuery{Limit: 5}); return err },
+		"DeadLetters of a table": func() error {
+			_, _, err := e.DeadLetters(ctx, "acme", DeadLetterQuery{Table: "t2", Limit: 5})
+			return err
+		},
+		"DeadLetterCounts": func() error { _, err := e.DeadLetterCounts(ctx, "acme", ""); return err },
+		"Redrive of an id never parked": func() error {
+			_, err := e.Redrive(ctx, "acme", DeadLetterSelector{IDs: []string{"999999"}})
+			if errors.Is(err, ErrDeadLetterNotFound) {
+				return nil
+			}
+			return err
+		},
+	}
+	var wg sync.WaitGroup
+	var calls atomic.Int64
+	for name, read := range reads {
+		for range 4 {
+			wg.Go(func() {
+				for {
+					err := read()
+					if err == nil {
+						calls.Add(1)
+						continue
+					}
+					if !errors.Is(err, ErrClosed) {
+						t.Errorf("%s during Close: %v, want success or ErrClosed", name, err)
+					}
+					return
+				}
+			})
+		}
+	}
+	require.Eventually(t, func() bool { return calls.Load() >= 200 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, e.Close())
+	wg.Wait()
 }
