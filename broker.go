@@ -198,8 +198,10 @@ type Consumer interface {
 	// every event the worker holds that no handler was given (queued behind a held
 	// tenant, or waiting for its retry), so the next worker gets them at once. What a
 	// handler returned without settling stays the caller's to settle; Close hands it
-	// back. It is safe to call more than once. failed carries exactly one error wrapping
-	// ErrDeliveryEnded if delivery ends on its own, and nothing once stop was called.
+	// back. It is safe to call more than once. Called from a handler, it waits for that
+	// very call until StopTimeout: a handler that must end delivery calls go stop().
+	// failed carries exactly one error wrapping ErrDeliveryEnded if delivery ends on
+	// its own, and nothing once stop was called.
 	Consume(handler Handler, prefetch int) (stop func(), failed <-chan error, err error)
 }
 
