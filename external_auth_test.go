@@ -11,10 +11,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,9 +30,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// authServer starts a server from opts, applies the shipped shape through an operator
-// connection made with adminOpts, and returns its URL.
-func authServer(t *testing.T, opts *server.Options, adminOpts ...nats.Option) string {
+// authServer starts a server from opts and applies the shipped shape through an
+// operator connection made with adminOpts.
+func authServer(t *testing.T, opts *server.Options, adminOpts ...nats.Option) *server.Server {
 	t.Helper()
 	opts.Host, opts.Port, opts.NoSigs, opts.NoLog = "127.0.0.1", server.RANDOM_PORT, true, true
 	opts.JetStream, opts.StoreDir, opts.JetStreamMaxStore = true, filepath.Join(t.TempDir(), "js"), maxStore
@@ -40,7 +43,7 @@ func authServer(t *testing.T, opts *server.Options, adminOpts ...nats.Option) st
 	f.admin, err = jetstream.New(nc)
 	require.NoError(t, err)
 	f.apply(t, shapeOf(NATSTopology{}))
-	return f.srv.ClientURL()
+	return f.srv
 }
 
 func authConfig(url string) NATSConfig {
@@ -91,7 +94,7 @@ func TestNewNATS_BootsWithAnNKeySeedFileAndRefusesNoCredentials(t *testing.T) {
 	seedFile := writeFile(t, "user.nk", seed)
 	adminOpt, err := nats.NkeyOptionFromSeed(seedFile)
 	require.NoError(t, err)
-	url := authServer(t, &server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}}, adminOpt)
+	url := authServer(t, &server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}}, adminOpt).ClientURL()
 
 	cfg := authConfig(url)
 	cfg.NKeySeedFile = seedFile
@@ -99,8 +102,16 @@ func TestNewNATS_BootsWithAnNKeySeedFileAndRefusesNoCredentials(t *testing.T) {
 	refusedAtBoot(t, authConfig(url), ErrInvalidConfig)
 }
 
-func TestNewNATS_BootsWithACredsFileInOperatorMode(t *testing.T) {
-	t.Parallel()
+// operatorMode is a server in operator mode (user JWTs, accounts from a memory
+// resolver) with the shipped shape applied, and a user of its JetStream account.
+type operatorMode struct {
+	srv       *server.Server
+	credsFile string // the user's JWT and seed, as nsc writes them
+	seed      []byte // the user's nkey seed alone, as a user.nk file holds it
+}
+
+func newOperatorMode(t *testing.T) *operatorMode {
+	t.Helper()
 	okp, _ := nkeys.CreateOperator()
 	opub, _ := okp.PublicKey()
 	oc := jwt.NewOperatorClaims(opub)
@@ -133,11 +144,125 @@ func TestNewNATS_BootsWithACredsFileInOperatorMode(t *testing.T) {
 	require.NoError(t, resolver.Store(apub, ajwt))
 	require.NoError(t, resolver.Store(spub, sjwt))
 	opts := &server.Options{TrustedOperators: []*jwt.OperatorClaims{operator}, AccountResolver: resolver, SystemAccount: spub}
-	url := authServer(t, opts, nats.UserCredentials(credsFile))
+	return &operatorMode{srv: authServer(t, opts, nats.UserCredentials(credsFile)), credsFile: credsFile, seed: useed}
+}
 
-	cfg := authConfig(url)
-	cfg.CredsFile = credsFile
+// traceTo turns the server's protocol trace on, into a buffer: a client's CONNECT
+// shows there whole but for its password and token.
+func (om *operatorMode) traceTo() *syncBuffer {
+	var trace syncBuffer
+	om.srv.SetLoggerV2(serverLogger{slog.New(slog.NewTextHandler(&trace, &slog.HandlerOptions{Level: slog.LevelDebug}))}, false, true, false)
+	return &trace
+}
+
+// connections counts the client connections the server has ever accepted.
+func (om *operatorMode) connections(t *testing.T) uint64 {
+	t.Helper()
+	v, err := om.srv.Varz(nil)
+	require.NoError(t, err)
+	return v.TotalConnections
+}
+
+func TestNewNATS_BootsWithACredsFileInOperatorMode(t *testing.T) {
+	t.Parallel()
+	om := newOperatorMode(t)
+	cfg := authConfig(om.srv.ClientURL())
+	cfg.CredsFile = om.credsFile
 	bootAndPublish(t, cfg)
+}
+
+// refusedBeforeDialing boots with each file of files as the credentials field picks,
+// through NewNATS and CheckNATS, and checks each is refused before any dial: invalid
+// config naming the file and saying each of reasons, from the library and not from the
+// server (which counts no connection but the operator's), showing no part of the seed.
+// The wait is an hour: a refusal that came from the server would have had to dial.
+func (om *operatorMode) refusedBeforeDialing(t *testing.T, files map[string][]byte, field func(*NATSConfig) *string, reasons ...string) {
+	t.Helper()
+	for name, contents := range files {
+		t.Run(name, func(t *testing.T) {
+			file := writeFile(t, "user.nk", contents)
+			cfg := authConfig(om.srv.ClientURL())
+			*field(&cfg), cfg.TopologyWait = file, time.Hour
+			_, err := NewNATS(t.Context(), cfg)
+			_, cerr := CheckNATS(t.Context(), cfg)
+			for _, err := range []error{err, cerr} {
+				require.ErrorIs(t, err, ErrInvalidConfig)
+				assert.NotErrorIs(t, err, ErrUnavailable)
+				assert.NotErrorIs(t, err, nats.ErrAuthorization, "refused here, not by the server")
+				assert.Contains(t, err.Error(), file)
+				for _, reason := range reasons {
+					assert.Contains(t, err.Error(), reason)
+				}
+				// The path is taken out first: it holds the test's name, which a
+				// piece of the seed could match by chance.
+				assert.Empty(t, leaked(strings.ReplaceAll(err.Error(), file, "<file>"), string(om.seed)), "the error shows part of the seed: %v", err)
+			}
+		})
+	}
+	assert.Equal(t, uint64(1), om.connections(t), "only the operator's connection: none was attempted")
+}
+
+// TestExternalNATS_ACredsFileHoldingOnlyASeedIsRefusedBeforeDialing: nats.go takes a
+// file without a decorated JWT for the JWT itself, so a user.nk given as creds would
+// send the seed in CONNECT's jwt field, which the server's trace shows. It is refused
+// as a malformed creds file before any connection, pointing to NKeySeedFile.
+func TestExternalNATS_ACredsFileHoldingOnlyASeedIsRefusedBeforeDialing(t *testing.T) {
+	t.Parallel()
+	om := newOperatorMode(t)
+	trace := om.traceTo()
+	decorated, err := jwt.DecorateSeed(om.seed)
+	require.NoError(t, err)
+	om.refusedBeforeDialing(t, map[string][]byte{
+		"a bare seed":      append(slices.Clone(om.seed), '\n'),
+		"a decorated seed": decorated,
+	}, func(c *NATSConfig) *string { return &c.CredsFile }, "malformed", "NKeySeedFile")
+	assert.NotContains(t, trace.String(), string(om.seed))
+}
+
+// TestExternalNATS_AnNKeySeedFileHoldingACredsFileIsRefusedBeforeDialing: nats.go
+// takes the seed out of a creds file given as the nkey seed and connects as that bare
+// key, which an operator-mode server refuses with no word about the file. A seed file
+// holding a JWT is refused before any connection, pointing to CredsFile.
+func TestExternalNATS_AnNKeySeedFileHoldingACredsFileIsRefusedBeforeDialing(t *testing.T) {
+	t.Parallel()
+	om := newOperatorMode(t)
+	creds, err := os.ReadFile(om.credsFile)
+	require.NoError(t, err)
+	userJWT, err := jwt.ParseDecoratedJWT(creds)
+	require.NoError(t, err)
+	om.refusedBeforeDialing(t, map[string][]byte{
+		"a creds file":     creds,
+		"a user JWT alone": []byte(userJWT),
+	}, func(c *NATSConfig) *string { return &c.NKeySeedFile }, "holds a JWT", "CredsFile")
+}
+
+// TestExternalNATS_ACredsFileReplacedByASeedIsNotSentAtTheNextReconnect: nats.go reads
+// the creds file again at each connect, so one rotated to a seed alone while the
+// broker runs would reach the server at the next reconnect. The check runs there too:
+// the reconnect fails on the malformed file, the broker warns naming it, and the seed
+// shows neither in the server's trace nor in the broker's log.
+func TestExternalNATS_ACredsFileReplacedByASeedIsNotSentAtTheNextReconnect(t *testing.T) {
+	t.Parallel()
+	om := newOperatorMode(t)
+	creds, err := os.ReadFile(om.credsFile)
+	require.NoError(t, err)
+	var logs syncBuffer
+	cfg := authConfig(om.srv.ClientURL())
+	cfg.CredsFile = writeFile(t, "user.creds", creds) // its own copy, to rotate
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	e, err := NewNATS(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	trace := om.traceTo()
+	require.NoError(t, os.WriteFile(cfg.CredsFile, om.seed, 0o600))
+	cid, err := e.nc.GetClientID()
+	require.NoError(t, err)
+	require.NoError(t, om.srv.DisconnectClientByID(cid))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "malformed") },
+		30*time.Second, 20*time.Millisecond, "a reconnect reads the file again and refuses it")
+	assert.Contains(t, logs.String(), cfg.CredsFile)
+	assert.NotContains(t, logs.String(), string(om.seed))
+	assert.NotContains(t, trace.String(), string(om.seed))
 }
 
 // testCA makes a CA and a certificate it signed for 127.0.0.1, written as PEM files.
@@ -188,7 +313,7 @@ func TestNewNATS_BootsWithMutualTLSAndRefusesNoClientCertificate(t *testing.T) {
 	require.NoError(t, err)
 	tc.ClientAuth = tls.RequireAndVerifyClientCert
 	url := authServer(t, &server.Options{TLSConfig: tc, TLS: true, TLSVerify: true},
-		nats.RootCAs(ca.file), nats.ClientCert(clientCert, clientKey))
+		nats.RootCAs(ca.file), nats.ClientCert(clientCert, clientKey)).ClientURL()
 
 	cfg := authConfig(url)
 	cfg.TLS = NATSTLS{CAFile: ca.file, CertFile: clientCert, KeyFile: clientKey}
@@ -208,7 +333,7 @@ func TestNewNATS_BootsWithMutualTLSAndRefusesNoClientCertificate(t *testing.T) {
 func TestNewNATS_CredentialsTheServerRefusesAreInvalidConfigNotUnavailable(t *testing.T) {
 	t.Parallel()
 	url := authServer(t, &server.Options{Users: []*server.User{{Username: "app", Password: "right-one"}}},
-		nats.UserInfo("app", "right-one"))
+		nats.UserInfo("app", "right-one")).ClientURL()
 	for name, user := range map[string]struct{ user, password string }{
 		"a wrong password": {"app", "wrong-secret"},
 		"an unknown user":  {"nobody", "wrong-secret"},

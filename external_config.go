@@ -10,7 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -32,8 +34,8 @@ type NATSConfig struct {
 	// At most one of User (with PasswordFile), NKeySeedFile and CredsFile.
 	User         string
 	PasswordFile string // trailing CR/LF trimmed
-	NKeySeedFile string
-	CredsFile    string // user JWT and nkey seed (operator mode)
+	NKeySeedFile string // the seed alone: a file holding a JWT is refused
+	CredsFile    string // user JWT and nkey seed as nsc writes them (operator mode); a seed alone is refused
 
 	// TLS, when any field is set: a CA to trust, a client certificate and key for
 	// mutual TLS (both or neither), the server name to verify, and whether to start
@@ -211,13 +213,13 @@ func (c NATSConfig) options(e *ExternalNATS) ([]nats.Option, error) {
 	}
 	switch {
 	case c.CredsFile != "":
-		opt := nats.UserCredentials(c.CredsFile)
-		if err := checkCreds(opt); err != nil {
-			return nil, fmt.Errorf("%w: nats config: creds file %s: %w", ErrInvalidConfig, c.CredsFile, err)
+		opt, err := credsOption(c.CredsFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: nats config: %w", ErrInvalidConfig, err)
 		}
 		opts = append(opts, opt)
 	case c.NKeySeedFile != "":
-		opt, err := nats.NkeyOptionFromSeed(c.NKeySeedFile)
+		opt, err := nkeyOption(c.NKeySeedFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: nats config: nkey seed file %s: %w", ErrInvalidConfig, c.NKeySeedFile, err)
 		}
@@ -247,17 +249,59 @@ func (c NATSConfig) options(e *ExternalNATS) ([]nats.Option, error) {
 	return append(opts, nats.ReconnectJitter(jitter, jitter)), nil
 }
 
-// checkCreds reads a creds file through opt, as the connection will at each connect,
-// so an unreadable or malformed one is refused at once rather than retried until the
-// wait runs out. nats.go's errors name neither the JWT nor the seed.
-func checkCreds(opt nats.Option) error {
+// credsOption returns nats.go's option for a creds file with its JWT callback checked,
+// after reading the file through it once, as the connection will at each connect, so
+// an unreadable or malformed file is refused at once rather than retried until the
+// wait runs out.
+//
+// nats.go sends whatever its parser calls the JWT in CONNECT's "jwt" field, and for a
+// file without a decorated JWT block (an nkey seed such as user.nk given as creds) that
+// is the whole file: the seed would travel in clear on a non-TLS connection and show in
+// a server's trace log, which does not redact the field. So the callback hands over
+// only a user JWT; and it checks at every connect, not only here, since a creds file
+// replaced on disk while the broker runs is read again at the next reconnect.
+func credsOption(path string) (nats.Option, error) {
 	var o nats.Options
-	if err := opt(&o); err != nil {
-		return err
+	if err := nats.UserCredentials(path)(&o); err != nil {
+		return nil, fmt.Errorf("creds file %s: %w", path, err)
 	}
-	if _, err := o.UserJWT(); err != nil {
-		return err
+	readJWT, sign := o.UserJWT, o.SignatureCB
+	userJWT := func() (string, error) {
+		s, err := readJWT()
+		if err != nil {
+			return "", fmt.Errorf("creds file %s: %w", path, err)
+		}
+		// The decoding error is not wrapped: it may quote the text it could not read,
+		// a part of the seed.
+		if _, err := jwt.DecodeUserClaims(s); err != nil {
+			return "", fmt.Errorf("creds file %s: malformed: it holds no decorated user JWT "+
+				"(a creds file holds a user JWT and its nkey seed, as nsc writes it; an nkey seed alone goes in NKeySeedFile)", path)
+		}
+		return s, nil
 	}
-	_, err := o.SignatureCB([]byte("mq"))
-	return err
+	if _, err := userJWT(); err != nil {
+		return nil, err
+	}
+	// nats.go's errors here name the file, never the seed.
+	if _, err := sign([]byte("mq")); err != nil {
+		return nil, fmt.Errorf("creds file %s: %w", path, err)
+	}
+	return nats.UserJWT(userJWT, sign), nil
+}
+
+// nkeyOption returns nats.go's option for an nkey seed file, refusing a file that
+// holds a JWT: nats.go takes the seed out of a creds file given in its place and
+// connects as that key without its JWT, which an operator-mode server refuses only
+// after the dial and without a word about which file was wrong.
+func nkeyOption(path string) (nats.Option, error) {
+	contents, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	first, _ := nkeys.ParseDecoratedJWT(contents) // never fails: the first block, or all
+	clear(contents)                               // the seed, as nats.go wipes its copies
+	if _, err := jwt.DecodeGeneric(first); err == nil {
+		return nil, errors.New("holds a JWT, not an nkey seed alone: a creds file goes in CredsFile")
+	}
+	return nats.NkeyOptionFromSeed(path)
 }
