@@ -108,14 +108,14 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	deadline := time.Now().Add(wait)
 	bctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
 	defer cancel()
-	nc, err := dial(bctx, cfg, opts, e.closedCh, deadline)
+	nc, err := dial(bctx, cfg, opts, e, deadline)
 	if err != nil {
 		return nil, err
 	}
 	e.nc = nc
 	e.connected.Store(nc.IsConnected())
 	if e.js, err = jetstream.New(nc); err != nil {
-		nc.Close()
+		e.abandon(nc)
 		return nil, fmt.Errorf("nats: jetstream: %w", err)
 	}
 	// At least one check, should the connection have come up at the deadline.
@@ -126,7 +126,7 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	if err != nil {
 		connected := nc.IsConnected()
 		lastErr := nc.LastError()
-		nc.Close()
+		e.abandon(nc)
 		if !connected {
 			return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr, err)
 		}
@@ -138,13 +138,27 @@ func NewNATS(ctx context.Context, cfg NATSConfig) (*ExternalNATS, error) {
 	e.core.lostTopology = e.lostTopology
 	e.pollHistory(bctx)
 	if err := e.registerMetrics(); err != nil {
-		nc.Close()
+		e.abandon(nc)
 		return nil, fmt.Errorf("nats: metrics: %w", err)
 	}
 	wctx, wcancel := context.WithCancel(context.Background())
 	e.watchCancel, e.watchDone = wcancel, make(chan struct{})
 	go e.watch(wctx)
 	return e, nil
+}
+
+// abandon closes the connection of a NewNATS or ConnectNATS that failed. The broker is
+// marked closing first, or the disconnect handler would log the disconnect this close
+// makes as a lost server ("error=<nil>"); and abandon waits for the closed handler, the
+// last of the connection's handlers (they run in order), so none of them writes to the
+// host's logger after the failed call returned. The wait is bounded as Close's is.
+func (e *ExternalNATS) abandon(nc *nats.Conn) {
+	e.closing.Store(true)
+	nc.Close()
+	select {
+	case <-e.closedCh:
+	case <-time.After(drainTimeout):
+	}
 }
 
 // resolveStreams finds each partition's stream and the dead-letter stream by subject:
@@ -405,15 +419,15 @@ func ConnectNATS(ctx context.Context, cfg NATSConfig) (*nats.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return dial(ctx, cfg, opts, probe.closedCh, time.Now().Add(cmp.Or(cfg.TopologyWait, defaultTopologyWait)))
+	return dial(ctx, cfg, opts, probe, time.Now().Add(cmp.Or(cfg.TopologyWait, defaultTopologyWait)))
 }
 
 // dial connects with opts and waits until connected, or until deadline: a cluster not
 // reached by then is ErrUnavailable (joined with ctx's error when ctx ended first). It
 // returns at once with ErrInvalidConfig when nats.go refuses opts (a URL that does not
 // parse, a CA file that is not PEM) or gives up on credentials a server refused twice
-// (closed, a signal the options' ClosedHandler sends).
-func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, closed <-chan struct{}, deadline time.Time) (*nats.Conn, error) {
+// (e.closedCh, which the options' ClosedHandler closes). opts are e's.
+func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, e *ExternalNATS, deadline time.Time) (*nats.Conn, error) {
 	// With RetryOnFailedConnect, Connect fails only on its options: an unreachable
 	// server is retried in the background.
 	nc, err := nats.Connect(strings.Join(cfg.URLs, ","), opts...)
@@ -428,7 +442,7 @@ func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, closed <-chan
 		select {
 		case <-tick.C:
 			continue
-		case <-closed:
+		case <-e.closedCh:
 			// nats.go gives up after the same refusal twice from one server, and
 			// the connection is over whatever the other servers would say. The
 			// server says "Authorization Violation" for wrong credentials, and also
@@ -440,7 +454,7 @@ func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, closed <-chan
 		case <-wctx.Done():
 		}
 		lastErr := nc.LastError()
-		nc.Close()
+		e.abandon(nc)
 		return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr, ctx.Err())
 	}
 	return nc, nil

@@ -452,6 +452,28 @@ func TestExternalNATS_CloseLogsNoWarningButALostServerDoes(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(lost.String(), "level=WARN") }, 10*time.Second, 20*time.Millisecond)
 }
 
+// wrongTopology is a broker configuration asking twice the partitions of the shipped
+// shape it finds: a reachable cluster whose topology never verifies.
+func wrongTopology(t *testing.T) NATSConfig {
+	t.Helper()
+	cfg := newExternalFixture(t).config(t)
+	cfg.Partitions = 2 * shippedTopology.Partitions
+	return cfg
+}
+
+// TestNewNATS_AFailedBootLogsNoDisconnectWarning: a NewNATS that connected and then
+// failed closes its connection, and that close is not a lost server: no "disconnected
+// from nats" warning, here or after NewNATS returned.
+func TestNewNATS_AFailedBootLogsNoDisconnectWarning(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	cfg := wrongTopology(t)
+	cfg.TopologyWait, cfg.Logger = 500*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil))
+	_, err := NewNATS(t.Context(), cfg)
+	require.ErrorIs(t, err, ErrTopology, "it connected, and failed after")
+	assert.NotContains(t, logs.String(), "disconnected")
+}
+
 func TestExternalNATS_SetMaxBytesRecordsAndLogsOnce(t *testing.T) {
 	t.Parallel()
 	f := newExternalFixture(t)
