@@ -80,7 +80,8 @@ var (
 
 // NewNATS connects to the cluster and waits, up to TopologyWait, until the topology
 // verifies. A required finding left at the end is a *TopologyError listing every
-// finding; a cluster never reached is ErrUnavailable. A configuration that cannot work,
+// finding, also when ctx ends before TopologyWait (the error then wraps ctx's error
+// too); a cluster never reached is ErrUnavailable. A configuration that cannot work,
 // credentials files included, is ErrInvalidConfig at once, and so are credentials a
 // server refuses, wrapping nats.ErrAuthorization (a server refuses them too when its
 // auth callout or account resolver did not answer). Recommended findings are logged.

@@ -474,6 +474,25 @@ func TestNewNATS_AFailedBootLogsNoDisconnectWarning(t *testing.T) {
 	assert.NotContains(t, logs.String(), "disconnected")
 }
 
+// TestNewNATS_ACtxEndingBeforeTheWaitKeepsTheTopologyFindings: a boot ctx shorter than
+// TopologyWait (a minute by default) on a reachable cluster of the wrong shape ends
+// in an error that is both the ctx's and the *TopologyError, with the findings.
+func TestNewNATS_ACtxEndingBeforeTheWaitKeepsTheTopologyFindings(t *testing.T) {
+	t.Parallel()
+	cfg := wrongTopology(t)
+	cfg.TopologyWait = 0 // the default, a minute
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, err := NewNATS(ctx, cfg)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, ErrTopology)
+	assert.NotErrorIs(t, err, ErrUnavailable, "it was connected")
+	var te *TopologyError
+	require.ErrorAs(t, err, &te)
+	assert.True(t, hasRequired(te.Findings))
+	assert.Contains(t, err.Error(), "ingest partition 7")
+}
+
 func TestExternalNATS_SetMaxBytesRecordsAndLogsOnce(t *testing.T) {
 	t.Parallel()
 	f := newExternalFixture(t)

@@ -126,7 +126,8 @@ func (v *verifier) run(ctx context.Context) ([]Finding, error) {
 // AwaitNATSTopology repeats VerifyNATSTopology, backing off from 250 ms doubling to
 // 5 s, until no required finding is left, and returns the recommended ones. When wait
 // runs out it returns a *TopologyError with the last check's findings, or the last
-// check's error if it could not run. Each check's requests are bounded by the wait.
+// check's error if it could not run; when ctx ends first, the error wraps ctx's error
+// and that same one. Each check's requests are bounded by the wait.
 func AwaitNATSTopology(ctx context.Context, js jetstream.JetStream, topo NATSTopology, wait time.Duration) ([]Finding, error) {
 	if err := verifyArgs("await nats topology", ctx, js); err != nil {
 		return nil, err
@@ -146,13 +147,16 @@ func AwaitNATSTopology(ctx context.Context, js jetstream.JetStream, topo NATSTop
 			lastFindings, lastErr = findings, err
 		}
 		if sleepCtx(wctx, backoff) != nil {
-			switch {
-			case ctx.Err() != nil:
-				return nil, ctx.Err()
-			case lastErr != nil:
-				return nil, fmt.Errorf("check nats topology: %w", lastErr)
+			var last error = &TopologyError{Findings: lastFindings}
+			if lastErr != nil {
+				last = fmt.Errorf("check nats topology: %w", lastErr)
 			}
-			return nil, &TopologyError{Findings: lastFindings}
+			// A caller's ctx shorter than the wait (NewNATS waits a minute by
+			// default) is no reason to lose what the checks found: both show.
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("await nats topology: %w before it verified: %w", err, last)
+			}
+			return nil, last
 		}
 		backoff = min(2*backoff, awaitMaxBackoff)
 	}

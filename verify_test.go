@@ -350,6 +350,33 @@ func TestAwaitNATSTopology_ThreeFaultsGiveOneErrorNamingAll(t *testing.T) {
 	assert.Equal(t, Required, te.Findings[0].Severity, "required findings come first")
 }
 
+// TestAwaitNATSTopology_ACtxEndingBeforeTheWaitKeepsWhatTheLastCheckFound: a ctx
+// shorter than the wait ends the wait in an error that is the ctx's and also the last
+// check's: the *TopologyError with its findings, or, on a server gone, the error of a
+// check that could not run.
+func TestAwaitNATSTopology_ACtxEndingBeforeTheWaitKeepsWhatTheLastCheckFound(t *testing.T) {
+	t.Parallel()
+	f := newNATSFixture(t)
+	f.apply(t, shapeOf(NATSTopology{Partitions: 2}))
+	await := func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err := AwaitNATSTopology(ctx, f.admin, NATSTopology{Partitions: 3}, time.Hour)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		return err
+	}
+	err := await()
+	var te *TopologyError
+	require.ErrorAs(t, err, &te)
+	assert.Contains(t, err.Error(), "ingest partition 2: subjects")
+
+	f.srv.Shutdown()
+	f.srv.WaitForShutdown()
+	err = await()
+	assert.NotErrorIs(t, err, ErrTopology)
+	assert.Contains(t, err.Error(), "check nats topology")
+}
+
 func TestAwaitNATSTopology_ReturnsTheRecommendationsOnceTheShapeIsRight(t *testing.T) {
 	t.Parallel()
 	f := newNATSFixture(t)
