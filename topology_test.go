@@ -2,6 +2,7 @@ package mq
 
 import (
 	"errors"
+	"io"
 	"maps"
 	"reflect"
 	"slices"
@@ -162,6 +163,8 @@ func TestNATSTopologyValidate_RefusesWhatCannotWork(t *testing.T) {
 		want string
 	}{
 		{"negative partitions", NATSTopology{Partitions: -1}, "partitions -1"},
+		{"one partition more than the maximum", NATSTopology{Partitions: MaxPartitions + 1}, "partitions 257 is more than 256"},
+		{"a terabyte of partitions", NATSTopology{Partitions: 1 << 40}, "partitions 1099511627776 is more than 256"},
 		{"dotted consumer", NATSTopology{IngestConsumer: "wh.ingest"}, "ingest consumer"},
 		{"consumer with a space", NATSTopology{IngestConsumer: "wh ingest"}, "ingest consumer"},
 		{"consumer recovered after the server's own", NATSTopology{IngestConsumer: "wh-ingest"}, `must sort before "JS_"`},
@@ -224,6 +227,46 @@ func TestNATSTopologyValidate_AcceptsADuplicateWindowOfExactlyTheMinimum(t *test
 	} {
 		if err := top.Validate(); err != nil {
 			t.Errorf("%+v: Validate() = %v", top, err)
+		}
+	}
+}
+
+func TestNATSTopologyValidate_AcceptsExactlyMaxPartitions(t *testing.T) {
+	if err := (NATSTopology{Partitions: MaxPartitions}).Validate(); err != nil {
+		t.Errorf("Partitions %d: Validate() = %v", MaxPartitions, err)
+	}
+}
+
+// TestNATSTopology_EveryEntryPointRefusesMoreThanMaxPartitionsAsInvalidConfig: each of
+// them builds a table per partition, and 1<<40 used to pass and then kill the process
+// out of memory; now each refuses the count before building anything.
+func TestNATSTopology_EveryEntryPointRefusesMoreThanMaxPartitionsAsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "")
+	for _, n := range []int{MaxPartitions + 1, 1 << 40} {
+		topo := NATSTopology{Partitions: n}
+		cfg := NATSConfig{NATSTopology: topo, URLs: []string{"nats://127.0.0.1:1"}, Logger: quietLog}
+		for name, call := range map[string]func() error{
+			"NATSTopology.Validate": topo.Validate,
+			"NATSConfig.Validate":   cfg.Validate,
+			"NewEmbedded": func() error {
+				_, err := NewEmbedded(t.Context(), EmbeddedOptions{Topology: topo, Logger: quietLog})
+				return err
+			},
+			"NewNATS":     func() error { _, err := NewNATS(t.Context(), cfg); return err },
+			"CheckNATS":   func() error { _, err := CheckNATS(t.Context(), cfg); return err },
+			"ConnectNATS": func() error { _, err := ConnectNATS(t.Context(), cfg); return err },
+			"VerifyNATSTopology": func() error {
+				_, err := VerifyNATSTopology(t.Context(), e.js, topo)
+				return err
+			},
+			"WriteNATSManifests":   func() error { return WriteNATSManifests(io.Discard, topo) },
+			"WriteNATSPermissions": func() error { return WriteNATSPermissions(io.Discard, topo) },
+		} {
+			err := call()
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "is more than 256") {
+				t.Errorf("%s with %d partitions: %v, want ErrInvalidConfig naming the maximum", name, n, err)
+			}
 		}
 	}
 }
