@@ -21,10 +21,15 @@ type NATSPermissions struct {
 }
 
 // PermissionsFor returns the application user's permissions for topo (defaults
-// applied). Publishing to the ingest or dead-letter subjects is as good as being the
-// application: grant it to that user only.
-func PermissionsFor(topo NATSTopology) NATSPermissions {
+// applied), or, for a topology Validate refuses, its error (ErrInvalidConfig): the
+// grants name every partition, so they exist only for a topology that can. Publishing
+// to the ingest or dead-letter subjects is as good as being the application: grant it
+// to that user only.
+func PermissionsFor(topo NATSTopology) (NATSPermissions, error) {
 	topo = topo.WithDefaults()
+	if err := topo.Validate(); err != nil {
+		return NATSPermissions{}, err
+	}
 	s := topo.subjects()
 	h := topo.HistoryStream
 	return NATSPermissions{
@@ -59,7 +64,7 @@ func PermissionsFor(topo NATSTopology) NATSPermissions {
 			"$JS.API.CONSUMER.DURABLE.CREATE.>",
 		},
 		SubscribeAllow: []string{inboxPrefix(topo) + ".>", topo.workerSubject()},
-	}
+	}, nil
 }
 
 // partitionReads lets a worker read one stored event of each partition: whether a
@@ -91,10 +96,10 @@ type permissionsBlock struct {
 // naming the topology it is for.
 func WriteNATSPermissions(w io.Writer, topo NATSTopology) error {
 	topo = topo.WithDefaults()
-	if err := topo.Validate(); err != nil {
+	p, err := PermissionsFor(topo)
+	if err != nil {
 		return err
 	}
-	p := PermissionsFor(topo)
 	var block struct {
 		Permissions permissionsBlock `yaml:"permissions"`
 	}
@@ -112,6 +117,6 @@ func WriteNATSPermissions(w io.Writer, topo NATSTopology) error {
 	if err := enc.Close(); err != nil {
 		return err
 	}
-	_, err := io.WriteString(w, b.String())
+	_, err = io.WriteString(w, b.String())
 	return err
 }

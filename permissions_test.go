@@ -33,7 +33,8 @@ func TestShippedValues_TheApplicationUsersPermissionsAreTheLibrarys(t *testing.T
 		}
 	}
 	require.NotNil(t, got, "no %s user in %s", appUser, shippedValues)
-	want := PermissionsFor(NATSTopology{})
+	want, err := PermissionsFor(NATSTopology{})
+	require.NoError(t, err)
 	assert.Equal(t, want.PublishAllow, got.Publish.Allow)
 	assert.Equal(t, want.PublishDeny, got.Publish.Deny)
 	assert.Equal(t, want.SubscribeAllow, got.Subscribe.Allow)
@@ -53,6 +54,21 @@ func TestWriteNATSPermissions_PrintsTheBlockForAHelmUserEntry(t *testing.T) {
 	assert.Contains(t, block.Permissions.Publish.Allow, "$JS.API.CONSUMER.UNPIN.*.INGEST")
 	assert.Equal(t, []string{"_INBOX_acme-wh.>", "acme-wh.workers.INGEST"}, block.Permissions.Subscribe.Allow)
 	require.Error(t, WriteNATSPermissions(&buf, NATSTopology{Prefix: "A B"}))
+}
+
+// TestPermissionsFor_ATopologyThatCannotWorkIsInvalidConfigNotAPanic: PermissionsFor
+// used to skip validation, so Partitions -1 panicked making the per-partition grants
+// and 1<<40 ran out of memory; it now refuses what Validate refuses.
+func TestPermissionsFor_ATopologyThatCannotWorkIsInvalidConfigNotAPanic(t *testing.T) {
+	for name, topo := range map[string]NATSTopology{
+		"negative partitions":            {Partitions: -1},
+		"more partitions than the bound": {Partitions: 1 << 40},
+		"a prefix of two tokens":         {Prefix: "a.b"},
+	} {
+		p, err := PermissionsFor(topo)
+		assert.ErrorIs(t, err, ErrInvalidConfig, name)
+		assert.Equal(t, NATSPermissions{}, p, "%s: nothing is granted", name)
+	}
 }
 
 // appCore is the brokers' shared data path connected as the restricted user.
