@@ -50,6 +50,31 @@ func TestWriteNATSManifests_RefusesAnInvalidTopology(t *testing.T) {
 	require.Error(t, WriteNATSManifests(io.Discard, NATSTopology{Partitions: -1}))
 }
 
+// TestWriteNATSManifests_EveryResourceHasAKubernetesNameOfItsOwn: Kubernetes keeps one
+// resource of a kind and name, so two Streams of one metadata.name would be one, and it
+// refuses a name that is not an RFC 1123 subdomain. A history named as the dead-letter
+// stream, or as it in lower case, used to make two Streams wh-dlq.
+func TestWriteNATSManifests_EveryResourceHasAKubernetesNameOfItsOwn(t *testing.T) {
+	for _, topo := range []NATSTopology{
+		shippedTopology,
+		{Prefix: "acme-wh", Partitions: 12, HistoryStream: "wh-history"},
+		{Prefix: "wh_", Partitions: MaxPartitions, HistoryStream: "ARCHIVE"},
+	} {
+		seen := map[string]bool{}
+		for _, d := range parseManifests(t, generate(t, topo)) {
+			key := d.Kind + " " + d.Metadata.Name
+			assert.False(t, seen[key], "%+v: two resources %s", topo, key)
+			seen[key] = true
+			// Stream names hold no '.', so the subdomain is one label here.
+			assert.Regexp(t, `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`, d.Metadata.Name, "%+v: %s", topo, d.Kind)
+			assert.LessOrEqual(t, len(d.Metadata.Name), 253, "%+v: %s", topo, d.Kind)
+		}
+	}
+	for _, history := range []string{"WH_DLQ", "wh-dlq", "WH_INGEST_1", "Hïst#1"} {
+		assert.ErrorIs(t, WriteNATSManifests(io.Discard, NATSTopology{HistoryStream: history}), ErrInvalidConfig, history)
+	}
+}
+
 func TestWriteNATSManifests_EveryDurablePinsItsPartitionInTheIngestGroup(t *testing.T) {
 	for _, c := range []struct {
 		topo       NATSTopology
@@ -83,7 +108,10 @@ func TestFormatDuration_WritesTheLargestWholeUnit(t *testing.T) {
 
 // manifestDoc is one decoded resource.
 type manifestDoc struct {
-	Kind string         `yaml:"kind"`
+	Kind     string `yaml:"kind"`
+	Metadata struct {
+		Name string `yaml:"name"`
+	} `yaml:"metadata"`
 	Spec map[string]any `yaml:"spec"`
 }
 

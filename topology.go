@@ -216,8 +216,80 @@ func (t NATSTopology) check() error {
 		return fmt.Errorf("nats topology: pinned TTL %s is below %s (twice the worker's pull expiry %s): an idle worker "+
 			"pulls again only once its pull expires, so a shorter TTL unpins partitions from live workers", t.PinnedTTL, minPinnedTTL, pullExpiry)
 	}
+	return t.checkStreamNames()
+}
+
+// checkStreamNames refuses two streams of one name, and a stream the manifests cannot
+// name. The topology names the partitions, the history, the dead-letter stream and
+// EmbeddedNATS's budgets bucket (its stream KV_<PREFIX>_BUDGETS). A history named as
+// another stream would open that stream as the history, whose hub and replays then see
+// none of the events, or fail later with the server's error where the configurations
+// clash. Two names that differ only in case or in '_' against '-' are one name too:
+// the manifests name a stream's resources crName(name), so the two would be one
+// resource, and the server stores each stream in a directory of its name, which a
+// case-insensitive file system folds. The manifests' names must be Kubernetes names;
+// the budgets bucket has no manifest.
+func (t NATSTopology) checkStreamNames() error {
+	names := make([]string, t.Partitions, t.Partitions+3)
+	for p := range names {
+		names[p] = t.PartitionStream(p)
+	}
+	const manifested = 2 // after the partitions, the two other streams in the manifests
+	names = append(names, t.HistoryStream, t.DeadLetterStream(), "KV_"+t.budgetBucket())
+	what := func(i int) string {
+		switch i - t.Partitions {
+		case 0:
+			return "the history stream"
+		case 1:
+			return "the dead-letter stream"
+		case 2:
+			return "the budgets bucket's stream"
+		}
+		return "ingest partition " + strconv.Itoa(i) + "'s stream"
+	}
+	seen := make(map[string]int, len(names))
+	for i, name := range names {
+		folded := crName(name)
+		if i < t.Partitions+manifested && (len(folded) > maxKubernetesName || !kubernetesNamePattern.MatchString(folded)) {
+			return fmt.Errorf("nats topology: %s %q makes the Kubernetes resource name %q, which is not one (RFC 1123: at most %d of "+
+				"[a-z0-9-], starting and ending with a letter or digit; the manifests name a stream in lower case with '_' as '-')",
+				what(i), name, folded, maxKubernetesName)
+		}
+		j, taken := seen[folded]
+		switch {
+		case taken && names[j] == name:
+			return fmt.Errorf("nats topology: %s and %s are both named %q: each stream needs a name of its own", what(j), what(i), name)
+		case taken:
+			return fmt.Errorf("nats topology: %s %q and %s %q differ only in case or in '_' against '-': the manifests would make "+
+				"them one resource %q, and a case-insensitive file system one directory", what(j), names[j], what(i), name, folded)
+		}
+		seen[folded] = i
+	}
+	// A partition of a larger count is no stream of this topology, but EmbeddedNATS
+	// takes a stream of its name for one an earlier count left behind (it refuses the
+	// store while that holds events, and removes it once empty), and the manifests of
+	// that count would name both one resource.
+	if p, ok := t.partitionOfName(t.HistoryStream); ok {
+		return fmt.Errorf("nats topology: the history stream %q is named as ingest partition %d's stream %q of a larger count: "+
+			"EmbeddedNATS would take it for a partition left behind", t.HistoryStream, p, t.PartitionStream(p))
+	}
 	return nil
 }
+
+// partitionOfName reports which partition's stream name is name, case folded and '_'
+// as '-', whatever the count.
+func (t NATSTopology) partitionOfName(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(crName(name), crName(strings.TrimSuffix(t.PartitionStream(0), "0")))
+	p, err := strconv.Atoi(rest)
+	return p, ok && err == nil && p >= 0 && strconv.Itoa(p) == rest
+}
+
+// kubernetesNamePattern is an RFC 1123 subdomain, the name Kubernetes requires of a
+// custom resource such as NACK's Stream (IsDNS1123Subdomain in k8s.io/apimachinery);
+// maxKubernetesName is its longest.
+var kubernetesNamePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+const maxKubernetesName = 253
 
 // minPinnedTTL is the shortest PinnedTTL that keeps a live worker's pins: the server
 // keeps a pin while the pinned worker's pulls keep coming, and an idle worker sends

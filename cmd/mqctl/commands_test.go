@@ -35,6 +35,24 @@ func TestManifestsPrintsTheShippedFileForTheShippedFlags(t *testing.T) {
 	}
 }
 
+// TestManifestsRefusesAHistoryThatIsAnotherStreamOrNoKubernetesName: -history WH_DLQ
+// or wh-dlq used to print two Stream resources wh-dlq, and Hïst#1 a metadata.name
+// Kubernetes refuses; now each is a usage error naming the clash, and nothing printed.
+func TestManifestsRefusesAHistoryThatIsAnotherStreamOrNoKubernetesName(t *testing.T) {
+	for history, want := range map[string]string{
+		"WH_DLQ":        `the history stream and the dead-letter stream are both named "WH_DLQ"`,
+		"wh-dlq":        `the dead-letter stream "WH_DLQ" differ only in case`,
+		"WH_INGEST_0":   `ingest partition 0's stream and the history stream`,
+		"KV_WH_BUDGETS": `the budgets bucket's stream are both named`,
+		"Hïst#1":        `makes the Kubernetes resource name "hïst#1"`,
+	} {
+		code, stdout, stderr := runArgs(t, "manifests", "-history", history)
+		if code != 2 || stdout != "" || !strings.Contains(stderr, want) {
+			t.Errorf("manifests -history %s: exit %d, stdout %d bytes, stderr %q; want exit 2 saying %q", history, code, len(stdout), stderr, want)
+		}
+	}
+}
+
 // TestManifestsCarryTheNamesCheckAndPermissionsTake: an operator with a history, a
 // durable or a group of other names generates manifests holding them, with a header
 // that regenerates the same.
