@@ -107,8 +107,8 @@ func WriteNATSPermissions(w io.Writer, topo NATSTopology) error {
 	block.Permissions.Publish.Deny = p.PublishDeny
 	block.Permissions.Subscribe.Allow = p.SubscribeAllow
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Permissions of the restricted mq application user (prefix %s, history %s, durable %s).\n",
-		topo.Prefix, topo.HistoryStream, topo.IngestConsumer)
+	fmt.Fprintf(&b, "# Permissions of the restricted mq application user (prefix %s, history %s, durable %s, %d partitions).\n",
+		topo.Prefix, topo.HistoryStream, topo.IngestConsumer, topo.Partitions)
 	enc := yaml.NewEncoder(&b)
 	enc.SetIndent(2)
 	if err := enc.Encode(block); err != nil {

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -74,6 +77,75 @@ func TestPermissionsPrintsTheApplicationUsersBlock(t *testing.T) {
 	code, stdout, _ := runArgs(t, "permissions")
 	if code != 0 || !strings.Contains(stdout, "permissions:") || !strings.Contains(stdout, "$JS.API.CONSUMER.MSG.NEXT.*.INGEST") {
 		t.Fatalf("permissions: exit %d, output:\n%s", code, stdout)
+	}
+}
+
+// partitionReads lists the partitions whose stored events a permissions block lets the
+// user read ($JS.API.STREAM.MSG.GET.<partition>), as stream names.
+func partitionReads(t *testing.T, block, prefix string) []string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(block, "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "- $JS.API.STREAM.MSG.GET."+prefix+"_INGEST_"); ok {
+			out = append(out, prefix+"_INGEST_"+name)
+		}
+	}
+	return out
+}
+
+// TestPermissionsGrantsReadsOfExactlyThePartitionsOfN: permissions had no -partitions
+// and always granted WH_INGEST_0..3, so with N=8 the worker could not read partitions
+// 4 to 7 (its vanished-event check then parks nothing), and with N<4 streams that do
+// not exist were granted.
+func TestPermissionsGrantsReadsOfExactlyThePartitionsOfN(t *testing.T) {
+	for _, n := range []int{1, 4, 8} {
+		code, stdout, stderr := runArgs(t, "permissions", "-partitions", strconv.Itoa(n))
+		if code != 0 {
+			t.Fatalf("permissions -partitions %d: exit %d, stderr %s", n, code, stderr)
+		}
+		want := make([]string, n)
+		for p := range want {
+			want[p] = "WH_INGEST_" + strconv.Itoa(p)
+		}
+		if got := partitionReads(t, stdout, "WH"); !slices.Equal(got, want) {
+			t.Errorf("permissions -partitions %d grants reads of %v, want %v", n, got, want)
+		}
+		if !strings.Contains(stdout, fmt.Sprintf("%d partitions)", n)) {
+			t.Errorf("permissions -partitions %d: the header does not name the count:\n%s", n, stdout)
+		}
+	}
+}
+
+// TestPermissionsTakesTheFlagsManifestsTakeAndGrantsThatTopology: the command line that
+// generated the manifests (their header names it) grants the user that very topology,
+// as the library's PermissionsFor has it, and what manifests refuses, permissions
+// refuses too.
+func TestPermissionsTakesTheFlagsManifestsTakeAndGrantsThatTopology(t *testing.T) {
+	flags := []string{"-partitions", "6", "-replicas", "1", "-prefix", "acme", "-history", "ARCHIVE", "-ingest-consumer", "AWORKER",
+		"-ingest-group", "grp", "-history-max-age", "1h0m0s"}
+	code, stdout, stderr := runArgs(t, append([]string{"permissions"}, flags...)...)
+	if code != 0 {
+		t.Fatalf("permissions %v: exit %d, stderr %s", flags, code, stderr)
+	}
+	want, err := mq.PermissionsFor(mq.NATSTopology{Partitions: 6, Prefix: "acme", HistoryStream: "ARCHIVE", IngestConsumer: "AWORKER"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range slices.Concat(want.PublishAllow, want.PublishDeny, want.SubscribeAllow) {
+		if !strings.Contains(stdout, "- "+subject+"\n") {
+			t.Errorf("permissions %v: no %q in\n%s", flags, subject, stdout)
+		}
+	}
+	if got := partitionReads(t, stdout, "ACME"); len(got) != 6 {
+		t.Errorf("permissions %v grants reads of %v, want the 6 partitions", flags, got)
+	}
+	for _, args := range [][]string{{"-partitions", "0"}, {"-partitions", "1099511627776"}, {"-replicas", "0"}, {"-replicas", "7"},
+		{"-history", "WH_DLQ"}, {"-history-max-age", "0s"}, {"-prefix="}, {"-ingest-group="}} {
+		for _, command := range []string{"manifests", "permissions"} {
+			if code, stdout, stderr := runArgs(t, append([]string{command}, args...)...); code != 2 || stdout != "" || stderr == "" {
+				t.Errorf("%s %v: exit %d, stdout %d bytes, stderr %q; want a usage error and nothing printed", command, args, code, len(stdout), stderr)
+			}
+		}
 	}
 }
 

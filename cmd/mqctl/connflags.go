@@ -18,6 +18,7 @@ import (
 type natsFlags struct {
 	cfg  mq.NATSConfig
 	urls string
+	topo *topologyFlags
 }
 
 // addNATSFlags registers the connection and topology flags on fs.
@@ -33,13 +34,7 @@ func addNATSFlags(fs *flag.FlagSet) *natsFlags {
 	fs.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "client certificate file (mutual TLS, with -tls-key)")
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "client key file")
 	fs.StringVar(&cfg.TLS.ServerName, "tls-server-name", "", "server name to verify")
-	fs.StringVar(&cfg.Prefix, "prefix", "wh", "subject prefix")
-	fs.IntVar(&cfg.Partitions, "partitions", 4, "ingest partitions the application runs")
-	fs.StringVar(&cfg.HistoryStream, "history", "", "history stream name (default <PREFIX>_HISTORY)")
-	fs.StringVar(&cfg.IngestConsumer, "ingest-consumer", "", "the ingest durable (default INGEST)")
-	fs.StringVar(&cfg.IngestGroup, "ingest-group", "", "the priority group the workers pull the durable in (default ingest)")
-	fs.DurationVar(&cfg.HistoryMaxAge, "history-max-age", mq.NATSTopology{}.WithDefaults().HistoryMaxAge,
-		"the longest gap the application replays from the history: a shorter history max_age is reported")
+	f.topo = addTopologyFlags(fs, &cfg.NATSTopology, false)
 	fs.DurationVar(&cfg.TopologyWait, "wait", 10*time.Second, "how long to wait for the connection")
 	return f
 }
@@ -53,12 +48,10 @@ func (f *natsFlags) config(fs *flag.FlagSet) (cfg mq.NATSConfig, ok bool) {
 	switch {
 	case f.urls == "":
 		problem = "-url is required"
-	case f.cfg.Partitions < 1:
-		problem = fmt.Sprintf("-partitions %d: must be at least 1", f.cfg.Partitions)
+	case f.topo.problem() != "":
+		problem = f.topo.problem()
 	case f.cfg.TopologyWait <= 0:
 		problem = fmt.Sprintf("-wait %s: must be more than 0", f.cfg.TopologyWait)
-	case f.cfg.HistoryMaxAge <= 0:
-		problem = fmt.Sprintf("-history-max-age %s: must be more than 0", f.cfg.HistoryMaxAge)
 	}
 	if problem != "" {
 		fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), problem)
