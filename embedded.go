@@ -137,6 +137,13 @@ func NewEmbedded(ctx context.Context, opts EmbeddedOptions) (*EmbeddedNATS, erro
 	if err := topo.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	// checkPartitions takes a stream named as a partition of a larger count for one an
+	// earlier count left behind: a history of that name, once it held events, would
+	// keep the store from opening again.
+	if p, ok := topo.partitionOfStream(topo.HistoryStream); ok {
+		return nil, fmt.Errorf("%w: embedded nats: the history stream %q is named as ingest partition %d's stream of a larger count",
+			ErrInvalidConfig, topo.HistoryStream, p)
+	}
 	if opts.ReadyTimeout < 0 {
 		return nil, fmt.Errorf("%w: embedded nats: negative ReadyTimeout %s", ErrInvalidConfig, opts.ReadyTimeout)
 	}

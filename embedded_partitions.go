@@ -23,18 +23,13 @@ import (
 func (e *EmbeddedNATS) checkPartitions(ctx context.Context) (removed []int, err error) {
 	var refused []string
 	beyond := map[string]int{}
-	prefix := strings.TrimSuffix(e.topo.PartitionStream(0), "0")
 	want := strconv.Itoa(e.topo.Partitions)
 	// One listing with every stream's state, not a request per partition.
 	streams := e.js.ListStreams(ctx)
 	for info := range streams.Info() {
 		name := info.Config.Name
-		suffix, ok := strings.CutPrefix(name, prefix)
+		p, ok := e.topo.partitionOfStream(name)
 		if !ok {
-			continue
-		}
-		p, err := strconv.Atoi(suffix)
-		if err != nil || p < 0 || e.topo.PartitionStream(p) != name {
 			continue
 		}
 		written, known := info.Config.Metadata[metaPartitions]

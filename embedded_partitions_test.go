@@ -105,23 +105,3 @@ func TestEmbeddedNATS_EmptyPartitionsAnEarlierCountLeftBehindGoWhileTheOthersKee
 	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "its record of acknowledged events")
 	assert.Equal(t, []string{"kept"}, drain(t, e, 1))
 }
-
-// TestEmbeddedNATS_WorksWithMaxPartitions: the bound Validate sets is a count the broker
-// serves, not just a number: the store opens with every partition, an event on the last
-// one is delivered, and the verifier finds the topology whole.
-func TestEmbeddedNATS_WorksWithMaxPartitions(t *testing.T) {
-	e := openEmbedded(t, "", func(o *EmbeddedOptions) { o.Topology.Partitions = MaxPartitions })
-	ctx := testCtx(t)
-	tenant := TenantID("")
-	for i := 0; tenant == ""; i++ {
-		if candidate := TenantID(fmt.Sprintf("tenant-%d", i)); Partition(candidate, MaxPartitions) == MaxPartitions-1 {
-			tenant = candidate
-		}
-	}
-	require.NoError(t, e.SetMaxBytes(ctx, tenant, 1<<20))
-	require.NoError(t, e.Publish(ctx, Topic{Tenant: tenant, Table: "t"}, []byte("last")))
-	assert.Equal(t, []string{"last"}, drain(t, e, 1))
-	findings, err := VerifyNATSTopology(ctx, e.js, e.topo)
-	require.NoError(t, err)
-	assert.False(t, hasRequired(findings), "%v", findings)
-}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +24,9 @@ const nackAPIVersion = "jetstream.nats.io/v1beta2"
 func WriteNATSManifests(w io.Writer, topo NATSTopology) error {
 	topo = topo.WithDefaults()
 	if err := topo.Validate(); err != nil {
+		return err
+	}
+	if err := topo.checkManifestNames(); err != nil {
 		return err
 	}
 	var buf bytes.Buffer
@@ -216,6 +220,38 @@ type nackConsumerSpec struct {
 
 // crName is a Kubernetes resource name for a stream name: lowercase, '_' as '-'.
 func crName(name string) string { return strings.ReplaceAll(strings.ToLower(name), "_", "-") }
+
+// checkManifestNames refuses a topology whose streams the manifests cannot name: each
+// manifested stream's resource name, crName of its own, must be a Kubernetes name, and
+// no two may fold to one (WH_DLQ and wh-dlq would be one resource, one replacing the
+// other when applied). The brokers themselves take such names.
+func (t NATSTopology) checkManifestNames() error {
+	seen := map[string]namedStream{}
+	for _, s := range t.namedStreams() {
+		if !s.manifested {
+			continue
+		}
+		folded := crName(s.name)
+		if len(folded) > maxKubernetesName || !kubernetesNamePattern.MatchString(folded) {
+			return fmt.Errorf("%w: nats manifests: %s %q makes the Kubernetes resource name %q, which is not one (RFC 1123: at "+
+				"most %d of [a-z0-9-.], starting and ending with a letter or digit; a stream is named in lower case with '_' as '-')",
+				ErrInvalidConfig, s.what, s.name, folded, maxKubernetesName)
+		}
+		if other, taken := seen[folded]; taken {
+			return fmt.Errorf("%w: nats manifests: %s %q and %s %q differ only in case or in '_' against '-': both would be the "+
+				"resource %q", ErrInvalidConfig, other.what, other.name, s.what, s.name, folded)
+		}
+		seen[folded] = s
+	}
+	return nil
+}
+
+// kubernetesNamePattern is an RFC 1123 subdomain, the name Kubernetes requires of a
+// custom resource such as NACK's Stream (IsDNS1123Subdomain in k8s.io/apimachinery);
+// maxKubernetesName is its longest.
+var kubernetesNamePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+const maxKubernetesName = 253
 
 func nackStreamResource(cfg jetstream.StreamConfig) nackResource[nackStreamSpec] {
 	spec := nackStreamSpec{

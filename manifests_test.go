@@ -70,8 +70,31 @@ func TestWriteNATSManifests_EveryResourceHasAKubernetesNameOfItsOwn(t *testing.T
 			assert.LessOrEqual(t, len(d.Metadata.Name), 253, "%+v: %s", topo, d.Kind)
 		}
 	}
-	for _, history := range []string{"WH_DLQ", "wh-dlq", "WH_INGEST_1", "Hïst#1"} {
-		assert.ErrorIs(t, WriteNATSManifests(io.Discard, NATSTopology{HistoryStream: history}), ErrInvalidConfig, history)
+	for _, c := range []struct {
+		topo NATSTopology
+		want string
+	}{
+		{NATSTopology{HistoryStream: "WH_DLQ"}, `both named "WH_DLQ"`},
+		{NATSTopology{HistoryStream: "WH_INGEST_1"}, `both named "WH_INGEST_1"`},
+		{NATSTopology{HistoryStream: "wh-dlq"}, `the history stream "wh-dlq" and the dead-letter stream "WH_DLQ" differ only in case`},
+		{NATSTopology{HistoryStream: "Wh-Ingest-2"}, `ingest partition 2's stream "WH_INGEST_2" and the history stream "Wh-Ingest-2"`},
+		{NATSTopology{HistoryStream: "Hïst#1"}, `the history stream "Hïst#1" makes the Kubernetes resource name "hïst#1"`},
+		{NATSTopology{HistoryStream: "_HISTORY"}, `"-history"`},
+		{NATSTopology{HistoryStream: "HISTORY-"}, `"history-"`},
+		{NATSTopology{HistoryStream: "H+1"}, `"h+1"`},
+		{NATSTopology{HistoryStream: strings.Repeat("H", maxKubernetesName+1)}, "at most 253"},
+		{NATSTopology{Prefix: "-wh"}, `ingest partition 0's stream "-WH_INGEST_0" makes the Kubernetes resource name "-wh-ingest-0"`},
+	} {
+		err := WriteNATSManifests(io.Discard, c.topo)
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", c.topo)
+		assert.ErrorContains(t, err, c.want, "%+v", c.topo)
+	}
+	for _, topo := range []NATSTopology{
+		{HistoryStream: strings.Repeat("H", maxKubernetesName)},
+		{HistoryStream: "ARCHIVE_2-B"},
+		{Prefix: "0"},
+	} {
+		assert.NoError(t, WriteNATSManifests(io.Discard, topo), "%+v", topo)
 	}
 }
 

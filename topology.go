@@ -114,16 +114,16 @@ const (
 	metaPartitions = "wavehouse.dev/partitions"
 )
 
-// MaxPartitions is the most ingest partitions a topology may have. A partition is
-// what one worker holds at a time, not what a tenant's throughput needs (tenants run
-// in parallel within a partition), and N cannot be lowered while a partition holds an
-// event, so a count beyond the workers that will ever run buys nothing. Each one
-// costs the cluster a stream, its durable and the history's source consumer (three
-// Raft groups each at R3), and every worker a pull: measured on nats-server 2.15.3
-// (2 cores), an embedded server of 256 partitions shuts down in about 5 s, of 1024
-// in about 22 s, most of Kubernetes' default 30 s grace period. The bound also keeps
-// every per-partition table the brokers, the verifier and the generators build small.
-const MaxPartitions = 256
+// MaxPartitions is the most ingest partitions a topology may have: a count beyond it
+// is refused before any per-partition table is built (a mistyped 1<<40 ran the process
+// out of memory). It is far above what a deployment needs, since a partition is what
+// one worker holds at a time, not what a tenant's throughput needs (tenants run in
+// parallel within a partition), but a count cannot be lowered while a partition holds
+// events, so a store written under hundreds must keep opening. Each partition costs
+// the cluster a stream, its durable and the history's source consumer (three Raft
+// groups each at R3): measured on nats-server 2.15.3 (2 cores), an embedded server of
+// 256 partitions shuts down in about 5 s, of 1024 in about 22 s.
+const MaxPartitions = 1024
 
 var prefixPattern = regexp.MustCompile(`^[a-z0-9_-]+$`)
 
@@ -219,77 +219,53 @@ func (t NATSTopology) check() error {
 	return t.checkStreamNames()
 }
 
-// checkStreamNames refuses two streams of one name, and a stream the manifests cannot
-// name. The topology names the partitions, the history, the dead-letter stream and
-// EmbeddedNATS's budgets bucket (its stream KV_<PREFIX>_BUDGETS). A history named as
-// another stream would open that stream as the history, whose hub and replays then see
-// none of the events, or fail later with the server's error where the configurations
-// clash. Two names that differ only in case or in '_' against '-' are one name too:
-// the manifests name a stream's resources crName(name), so the two would be one
-// resource, and the server stores each stream in a directory of its name, which a
-// case-insensitive file system folds. The manifests' names must be Kubernetes names;
-// the budgets bucket has no manifest.
+// checkStreamNames refuses two streams of one name. A history named as the
+// dead-letter stream opened that stream as the history, whose hub and replays then saw
+// none of the events; named as a partition or the budgets bucket's stream, it failed
+// later with the server's error where the configurations clash. Names that differ only
+// in case are distinct streams to the server; the manifests, which cannot tell them
+// apart, refuse them there (checkManifestNames).
 func (t NATSTopology) checkStreamNames() error {
-	names := make([]string, t.Partitions, t.Partitions+3)
-	for p := range names {
-		names[p] = t.PartitionStream(p)
-	}
-	const manifested = 2 // after the partitions, the two other streams in the manifests
-	names = append(names, t.HistoryStream, t.DeadLetterStream(), "KV_"+t.budgetBucket())
-	what := func(i int) string {
-		switch i - t.Partitions {
-		case 0:
-			return "the history stream"
-		case 1:
-			return "the dead-letter stream"
-		case 2:
-			return "the budgets bucket's stream"
+	streams := t.namedStreams()
+	seen := make(map[string]int, len(streams))
+	for i, s := range streams {
+		if j, taken := seen[s.name]; taken {
+			return fmt.Errorf("nats topology: %s and %s are both named %q: each stream needs a name of its own", streams[j].what, s.what, s.name)
 		}
-		return "ingest partition " + strconv.Itoa(i) + "'s stream"
-	}
-	seen := make(map[string]int, len(names))
-	for i, name := range names {
-		folded := crName(name)
-		if i < t.Partitions+manifested && (len(folded) > maxKubernetesName || !kubernetesNamePattern.MatchString(folded)) {
-			return fmt.Errorf("nats topology: %s %q makes the Kubernetes resource name %q, which is not one (RFC 1123: at most %d of "+
-				"[a-z0-9-], starting and ending with a letter or digit; the manifests name a stream in lower case with '_' as '-')",
-				what(i), name, folded, maxKubernetesName)
-		}
-		j, taken := seen[folded]
-		switch {
-		case taken && names[j] == name:
-			return fmt.Errorf("nats topology: %s and %s are both named %q: each stream needs a name of its own", what(j), what(i), name)
-		case taken:
-			return fmt.Errorf("nats topology: %s %q and %s %q differ only in case or in '_' against '-': the manifests would make "+
-				"them one resource %q, and a case-insensitive file system one directory", what(j), names[j], what(i), name, folded)
-		}
-		seen[folded] = i
-	}
-	// A partition of a larger count is no stream of this topology, but EmbeddedNATS
-	// takes a stream of its name for one an earlier count left behind (it refuses the
-	// store while that holds events, and removes it once empty), and the manifests of
-	// that count would name both one resource.
-	if p, ok := t.partitionOfName(t.HistoryStream); ok {
-		return fmt.Errorf("nats topology: the history stream %q is named as ingest partition %d's stream %q of a larger count: "+
-			"EmbeddedNATS would take it for a partition left behind", t.HistoryStream, p, t.PartitionStream(p))
+		seen[s.name] = i
 	}
 	return nil
 }
 
-// partitionOfName reports which partition's stream name is name, case folded and '_'
-// as '-', whatever the count.
-func (t NATSTopology) partitionOfName(name string) (int, bool) {
-	rest, ok := strings.CutPrefix(crName(name), crName(strings.TrimSuffix(t.PartitionStream(0), "0")))
-	p, err := strconv.Atoi(rest)
-	return p, ok && err == nil && p >= 0 && strconv.Itoa(p) == rest
+// namedStream is one stream the topology names, with what it is for errors.
+type namedStream struct {
+	name, what string
+	manifested bool // in the NACK manifests (the budgets bucket is EmbeddedNATS's alone)
 }
 
-// kubernetesNamePattern is an RFC 1123 subdomain, the name Kubernetes requires of a
-// custom resource such as NACK's Stream (IsDNS1123Subdomain in k8s.io/apimachinery);
-// maxKubernetesName is its longest.
-var kubernetesNamePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+// namedStreams lists the streams the topology names: the partitions, the history, the
+// dead-letter stream and EmbeddedNATS's budgets bucket's stream (KV_<PREFIX>_BUDGETS).
+func (t NATSTopology) namedStreams() []namedStream {
+	streams := make([]namedStream, 0, t.Partitions+3)
+	for p := range t.Partitions {
+		streams = append(streams, namedStream{t.PartitionStream(p), "ingest partition " + strconv.Itoa(p) + "'s stream", true})
+	}
+	return append(streams,
+		namedStream{t.HistoryStream, "the history stream", true},
+		namedStream{t.DeadLetterStream(), "the dead-letter stream", true},
+		namedStream{"KV_" + t.budgetBucket(), "the budgets bucket's stream", false})
+}
 
-const maxKubernetesName = 253
+// partitionOfStream reports which partition's stream name is, whatever the count: a
+// store may hold partitions of an earlier, larger count.
+func (t NATSTopology) partitionOfStream(name string) (int, bool) {
+	suffix, ok := strings.CutPrefix(name, strings.TrimSuffix(t.PartitionStream(0), "0"))
+	if !ok {
+		return 0, false
+	}
+	p, err := strconv.Atoi(suffix)
+	return p, err == nil && p >= 0 && t.PartitionStream(p) == name
+}
 
 // minPinnedTTL is the shortest PinnedTTL that keeps a live worker's pins: the server
 // keeps a pin while the pinned worker's pulls keep coming, and an idle worker sends

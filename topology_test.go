@@ -163,8 +163,8 @@ func TestNATSTopologyValidate_RefusesWhatCannotWork(t *testing.T) {
 		want string
 	}{
 		{"negative partitions", NATSTopology{Partitions: -1}, "partitions -1"},
-		{"one partition more than the maximum", NATSTopology{Partitions: MaxPartitions + 1}, "partitions 257 is more than 256"},
-		{"a terabyte of partitions", NATSTopology{Partitions: 1 << 40}, "partitions 1099511627776 is more than 256"},
+		{"one partition more than the maximum", NATSTopology{Partitions: MaxPartitions + 1}, "partitions 1025 is more than 1024"},
+		{"a terabyte of partitions", NATSTopology{Partitions: 1 << 40}, "partitions 1099511627776 is more than 1024"},
 		{"dotted consumer", NATSTopology{IngestConsumer: "wh.ingest"}, "ingest consumer"},
 		{"consumer with a space", NATSTopology{IngestConsumer: "wh ingest"}, "ingest consumer"},
 		{"consumer recovered after the server's own", NATSTopology{IngestConsumer: "wh-ingest"}, `must sort before "JS_"`},
@@ -264,7 +264,7 @@ func TestNATSTopology_EveryEntryPointRefusesMoreThanMaxPartitionsAsInvalidConfig
 			"WriteNATSPermissions": func() error { return WriteNATSPermissions(io.Discard, topo) },
 		} {
 			err := call()
-			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "is more than 256") {
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "is more than "+strconv.Itoa(MaxPartitions)) {
 				t.Errorf("%s with %d partitions: %v, want ErrInvalidConfig naming the maximum", name, n, err)
 			}
 		}
@@ -274,32 +274,21 @@ func TestNATSTopology_EveryEntryPointRefusesMoreThanMaxPartitionsAsInvalidConfig
 // TestNATSTopologyValidate_RefusesTwoStreamsOfOneNameNamingBoth: a history named as
 // the dead-letter stream opened without error and then delivered nothing to the hub or
 // a replay; named as a partition or the budgets bucket it failed later with the
-// server's error; and names that differ only in case or in '_' against '-' make one
-// Kubernetes resource of two streams.
+// server's error.
 func TestNATSTopologyValidate_RefusesTwoStreamsOfOneNameNamingBoth(t *testing.T) {
 	for _, c := range []struct {
 		top  NATSTopology
-		want []string
+		want string
 	}{
-		{NATSTopology{HistoryStream: "WH_DLQ"}, []string{"the history stream and the dead-letter stream are both named \"WH_DLQ\""}},
-		{NATSTopology{HistoryStream: "WH_INGEST_0"}, []string{"ingest partition 0's stream and the history stream are both named \"WH_INGEST_0\""}},
-		{NATSTopology{Partitions: 8, HistoryStream: "WH_INGEST_7"}, []string{"ingest partition 7's stream and the history stream"}},
-		{NATSTopology{HistoryStream: "KV_WH_BUDGETS"}, []string{"the history stream and the budgets bucket's stream are both named"}},
-		{NATSTopology{Prefix: "acme-wh", HistoryStream: "ACME-WH_DLQ"}, []string{"both named \"ACME-WH_DLQ\""}},
-		{NATSTopology{HistoryStream: "wh-dlq"}, []string{`the history stream "wh-dlq" and the dead-letter stream "WH_DLQ"`, `one resource "wh-dlq"`}},
-		{NATSTopology{HistoryStream: "wh_dlq"}, []string{`"wh_dlq"`, `"WH_DLQ" differ only in case or in '_' against '-'`}},
-		{NATSTopology{HistoryStream: "Wh-Ingest-2"}, []string{`ingest partition 2's stream "WH_INGEST_2" and the history stream "Wh-Ingest-2"`}},
-		{NATSTopology{HistoryStream: "kv-wh-budgets"}, []string{`the budgets bucket's stream "KV_WH_BUDGETS"`}},
+		{NATSTopology{HistoryStream: "WH_DLQ"}, "the history stream and the dead-letter stream are both named \"WH_DLQ\""},
+		{NATSTopology{HistoryStream: "WH_INGEST_0"}, "ingest partition 0's stream and the history stream are both named \"WH_INGEST_0\""},
+		{NATSTopology{Partitions: 8, HistoryStream: "WH_INGEST_7"}, "ingest partition 7's stream and the history stream"},
+		{NATSTopology{HistoryStream: "KV_WH_BUDGETS"}, "the history stream and the budgets bucket's stream are both named"},
+		{NATSTopology{Prefix: "acme-wh", HistoryStream: "ACME-WH_DLQ"}, "both named \"ACME-WH_DLQ\""},
 	} {
 		err := c.top.Validate()
-		if !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("history %q: Validate() = %v, want ErrInvalidConfig", c.top.HistoryStream, err)
-			continue
-		}
-		for _, want := range c.want {
-			if !strings.Contains(err.Error(), want) {
-				t.Errorf("history %q: Validate() = %q, want it to say %q", c.top.HistoryStream, err, want)
-			}
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("history %q: Validate() = %v, want ErrInvalidConfig saying %q", c.top.HistoryStream, err, c.want)
 		}
 		// The broker refuses it before it opens anything.
 		_, err = NewEmbedded(t.Context(), EmbeddedOptions{Topology: c.top, Logger: quietLog})
@@ -309,54 +298,40 @@ func TestNATSTopologyValidate_RefusesTwoStreamsOfOneNameNamingBoth(t *testing.T)
 	}
 }
 
-// TestNATSTopologyValidate_RefusesAHistoryNamedAsAPartitionOfALargerCount: EmbeddedNATS
-// takes such a stream for a partition an earlier count left behind, and a store whose
-// history held events could not be opened again.
-func TestNATSTopologyValidate_RefusesAHistoryNamedAsAPartitionOfALargerCount(t *testing.T) {
-	for _, history := range []string{"WH_INGEST_4", "WH_INGEST_255", "wh-ingest-300", "WH_INGEST_99999"} {
-		err := NATSTopology{HistoryStream: history}.Validate()
-		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "of a larger count") {
-			t.Errorf("history %q: Validate() = %v, want ErrInvalidConfig naming the partition", history, err)
+// TestNATSTopologyValidate_TakesNamesOnlyTheManifestsCannotCarry: names the server
+// keeps apart, but which fold to one Kubernetes name or to none, are the manifests'
+// concern (TestWriteNATSManifests_EveryResourceHasAKubernetesNameOfItsOwn); a store or
+// cluster already using them keeps opening.
+func TestNATSTopologyValidate_TakesNamesOnlyTheManifestsCannotCarry(t *testing.T) {
+	for _, top := range []NATSTopology{
+		{HistoryStream: "wh-dlq"}, {HistoryStream: "wh_dlq"}, {HistoryStream: "Wh-Ingest-2"},
+		{HistoryStream: "Hïst#1"}, {HistoryStream: "events:history"}, {HistoryStream: "HISTORY_"},
+		{Prefix: "_wh"}, {Prefix: "-wh"},
+	} {
+		if err := top.Validate(); err != nil {
+			t.Errorf("%+v: Validate() = %v", top, err)
 		}
-	}
-	// Only a partition's own spelling of its index is one.
-	for _, history := range []string{"WH_INGEST_04", "WH_INGEST_X", "WH_INGEST_-1", "WH_INGESTS_4", "ACME_INGEST_4"} {
-		if err := (NATSTopology{HistoryStream: history}).Validate(); err != nil {
-			t.Errorf("history %q: Validate() = %v", history, err)
+		if err := WriteNATSManifests(io.Discard, top); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%+v: WriteNATSManifests = %v, want ErrInvalidConfig", top, err)
 		}
 	}
 }
 
-// TestNATSTopologyValidate_RefusesAStreamTheManifestsCannotName: a NACK Stream's
-// metadata.name is the stream's name in lower case with '_' as '-', and Kubernetes
-// takes only an RFC 1123 subdomain there.
-func TestNATSTopologyValidate_RefusesAStreamTheManifestsCannotName(t *testing.T) {
-	for _, c := range []struct {
-		top  NATSTopology
-		want string
-	}{
-		{NATSTopology{HistoryStream: "Hïst#1"}, `the history stream "Hïst#1" makes the Kubernetes resource name "hïst#1"`},
-		{NATSTopology{HistoryStream: "_HISTORY"}, `"-history"`},
-		{NATSTopology{HistoryStream: "HISTORY-"}, `"history-"`},
-		{NATSTopology{HistoryStream: "H+1"}, `"h+1"`},
-		{NATSTopology{HistoryStream: strings.Repeat("H", maxKubernetesName+1)}, "at most 253"},
-		{NATSTopology{Prefix: "-wh"}, `ingest partition 0's stream "-WH_INGEST_0" makes the Kubernetes resource name "-wh-ingest-0"`},
-		{NATSTopology{Prefix: "_wh", HistoryStream: "H"}, `"-wh-ingest-0"`},
-	} {
-		err := c.top.Validate()
-		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%+v: Validate() = %v, want ErrInvalidConfig saying %q", c.top, err, c.want)
+// TestNewEmbedded_RefusesAHistoryNamedAsAPartitionOfALargerCount: EmbeddedNATS takes
+// such a stream for a partition an earlier count left behind, and a store whose
+// history held events could not be opened again. Only a partition's own spelling of
+// its index is one.
+func TestNewEmbedded_RefusesAHistoryNamedAsAPartitionOfALargerCount(t *testing.T) {
+	for _, history := range []string{"WH_INGEST_4", "WH_INGEST_255", "WH_INGEST_99999"} {
+		_, err := NewEmbedded(t.Context(), EmbeddedOptions{Topology: NATSTopology{HistoryStream: history}, Logger: quietLog})
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "of a larger count") {
+			t.Errorf("history %q: NewEmbedded = %v, want ErrInvalidConfig naming the partition", history, err)
 		}
 	}
-	for _, top := range []NATSTopology{
-		{HistoryStream: strings.Repeat("H", maxKubernetesName)},
-		{HistoryStream: "wh-history"},
-		{HistoryStream: "ARCHIVE_2-B"},
-		{Prefix: "wh_", HistoryStream: "H"},
-		{Prefix: "0"},
-	} {
-		if err := top.Validate(); err != nil {
-			t.Errorf("%+v: Validate() = %v", top, err)
+	topo := NATSTopology{}.WithDefaults()
+	for _, history := range []string{"WH_INGEST_04", "WH_INGEST_X", "WH_INGEST_-1", "WH_INGESTS_4", "ACME_INGEST_4", "wh-ingest-4"} {
+		if p, ok := topo.partitionOfStream(history); ok {
+			t.Errorf("history %q read as partition %d", history, p)
 		}
 	}
 }
