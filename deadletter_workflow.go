@@ -62,7 +62,7 @@ func (c *natsCore) streamRequest(ctx context.Context, api, stream string, req an
 	switch {
 	case err == nil:
 	case c.closed.Load(): // Close cut the request off: no retry will do
-		return nil, fmt.Errorf("%s on stream %s: %w: %w", api, stream, ErrClosed, err)
+		return nil, c.mapRequestError(api+" on stream "+stream, err)
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
 	default:

@@ -63,8 +63,9 @@ const DeadReasonVanished = "vanished"
 // it once), keeps it: the redriven event's deliveries carry the ID its first ones did,
 // for idempotent writes. No Message.Headers shows it, and a Publish or DeadLetter
 // carrying it (as an option, or among a parked message's headers) is refused with
-// ErrInvalidHeader: a park takes the ID from Message.ID alone, so no other event can
-// take that ID.
+// ErrInvalidHeader: a park takes the ID from Message.ID alone, which on a delivered
+// message is its event's (a message a host builds with WithDelivery carries the ID it
+// was given).
 const HeaderEventID = "Mq-Event-Id"
 
 // HeaderIdempotencyKey is the header WithIdempotencyKey sets. A broker stores at most

@@ -66,8 +66,9 @@ func batchCases() []testCase {
 		{
 			name: "AnEmptyBatchIsANoOp",
 			proves: "A batch with no events, pipelined or atomic, nil or empty, returns nil and " +
-				"stores nothing, also for a tenant that has no budget.",
-			publishes: "empty batches for acme and initech; 1 fence on acme/empty",
+				"stores nothing, also for a tenant that has no budget; one of an invalid tenant is " +
+				"still ErrInvalidTenant.",
+			publishes: "empty batches for acme, initech and two invalid tenants; 1 fence on acme/empty",
 			run:       emptyBatchIsANoOp,
 		},
 		{
@@ -272,6 +273,10 @@ func emptyBatchIsANoOp(t *testing.T, h Harness) {
 		{Tenant: "initech"},
 	} {
 		assert.NoError(t, e.b.PublishBatch(e.ctx, b), "an empty batch %+v", b)
+	}
+	// Empty or not, the batch names its tenant: wiring that left it unset is told so.
+	for _, tenant := range []mq.TenantID{"", "Not.A.Tenant"} {
+		assert.ErrorIs(t, e.b.PublishBatch(e.ctx, mq.Batch{Tenant: tenant}), mq.ErrInvalidTenant, "an empty batch of tenant %q", tenant)
 	}
 	tp := topic(Acme, "empty", "")
 	e.publish(tp, "fence")

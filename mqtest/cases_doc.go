@@ -91,8 +91,9 @@ import "slices"
 //     Flags: PerTenantBudget.
 //
 //   - AnEmptyBatchIsANoOp: A batch with no events, pipelined or atomic, nil or empty,
-//     returns nil and stores nothing, also for a tenant that has no budget. Publishes:
-//     empty batches for acme and initech; 1 fence on acme/empty.
+//     returns nil and stores nothing, also for a tenant that has no budget; one of an
+//     invalid tenant is still ErrInvalidTenant. Publishes: empty batches for acme,
+//     initech and two invalid tenants; 1 fence on acme/empty.
 //
 //   - AnAtomicBatchStoresEverythingInOrderOrIsUnsupportedExactlyAsAtomicBatchIsDeclared:
 //     With Caps.AtomicBatch an atomic batch over several tables and scopes is stored

@@ -215,6 +215,9 @@ func (b *memBroker) PublishBatch(ctx context.Context, batch mq.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := batch.Tenant.Validate(); err != nil {
+		return fmt.Errorf("mem: batch: %w: %w", mq.ErrInvalidTopic, err)
+	}
 	if len(batch.Events) == 0 {
 		return nil
 	}

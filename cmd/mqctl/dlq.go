@@ -201,7 +201,7 @@ func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, ten
 			slices.Sort(keys)
 			for _, k := range keys {
 				for _, v := range m.Headers[k] {
-					fmt.Fprintf(tw, "\t  %s: %s\n", k, shown(v))
+					fmt.Fprintf(tw, "\t  %s: %s\n", shown(k), shown(v))
 				}
 			}
 		}
@@ -230,7 +230,7 @@ func cell(s string) string {
 // tables, scopes, headers, errors and worker names are bytes a tenant or a host chose.
 func shown(s string) string {
 	for _, r := range s {
-		if r == utf8.RuneError || !unicode.IsPrint(r) && r != ' ' {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
 			return strconv.Quote(s)
 		}
 	}

@@ -127,7 +127,7 @@ func writeStatus(w io.Writer, s mq.TopologyStatus) {
 	}
 	section(tw, "TENANT\tPARKED")
 	for _, t := range slices.Sorted(maps.Keys(s.DeadLetters)) {
-		fmt.Fprintf(tw, "%s\t%d\n", t, s.DeadLetters[t])
+		fmt.Fprintf(tw, "%s\t%d\n", cell(string(t)), s.DeadLetters[t])
 	}
 	if len(s.DeadLetters) == 0 {
 		fmt.Fprintln(tw, "(nothing parked)")

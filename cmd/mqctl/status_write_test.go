@@ -43,3 +43,24 @@ func TestStatusTableShowsHowFarBackAReplayReaches(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusTableQuotesNamesOthersChose: a tenant read from a foreign park's subject,
+// a worker's name and a source's error reach the terminal quoted, not as the control
+// sequences they hold.
+func TestStatusTableQuotesNamesOthersChose(t *testing.T) {
+	var b strings.Builder
+	writeStatus(&b, mq.TopologyStatus{
+		History:     mq.HistoryStatus{Stream: "WH_HISTORY"},
+		Workers:     []mq.WorkerStatus{{ID: "w1", Name: "box\x1b[2J"}},
+		DeadLetters: map[mq.TenantID]uint64{"ev\x1b]0;owned\x07il": 2},
+	})
+	out := b.String()
+	if strings.ContainsAny(out, "\x1b\x07") {
+		t.Fatalf("raw control bytes in the status table: %q", out)
+	}
+	for _, want := range []string{`"ev\x1b]0;owned\ail"`, `"box\x1b[2J"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %s in\n%s", want, out)
+		}
+	}
+}
