@@ -80,7 +80,15 @@ func (c *natsCore) subscribe(ctx context.Context, name string, handler Handler) 
 		}
 		msg := c.message(ctx, m, nil)
 		msg.Ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(msg.Headers))
-		if err := c.handle("hub", handler, msg); err != nil && !errors.Is(err, errHandlerPanicked) { // a panic is logged already
+		returned := false
+		defer func() {
+			if !returned {
+				h.exited(msg.key)
+			}
+		}()
+		err := c.handle("hub", handler, msg)
+		returned = true
+		if err != nil && !errors.Is(err, errHandlerPanicked) { // a panic is logged already
 			c.log.Warn("mq: hub handler failed; the hub has no redelivery", "topic", msg.key, "error", err)
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) { h.reported(err) }))
@@ -88,6 +96,7 @@ func (c *natsCore) subscribe(ctx context.Context, name string, handler Handler) 
 		h.forget()
 		return c.mapRequestError("subscribe: history "+c.topo.HistoryStream, err)
 	}
+	h.consuming.Store(&cc)
 	done := make(chan struct{})
 	stop := sync.OnceFunc(func() {
 		stopped.Store(true) // no handler call starts after this
@@ -132,6 +141,21 @@ type hubHealth struct {
 	forget   func()
 	known    atomic.Pointer[string] // the consumer's name while it delivered
 	watching atomic.Bool
+	// consuming is the hub's delivery, once Consume returned it.
+	consuming atomic.Pointer[jetstream.ConsumeContext]
+}
+
+// exited ends a hub whose handler ended nats.go's delivery goroutine (see
+// errHandlerExited): nothing would deliver to it again, so its delivery stops, and
+// Health says so, with ErrDeliveryEnded, until its ctx ends.
+func (h *hubHealth) exited(topic string) {
+	h.c.log.Error("mq: a hub handler ended its goroutine; the hub stopped delivering", "hub", h.name, "topic", topic,
+		"error", errHandlerExited)
+	h.part.fail(fmt.Errorf("%w: hub %q stopped: %w", ErrDeliveryEnded, h.name, errHandlerExited))
+	h.stopped.Store(true)
+	if cc := h.consuming.Load(); cc != nil {
+		go (*cc).Stop() // not here: Stop waits for the delivery this goroutine is
+	}
 }
 
 func (c *natsCore) newHubHealth(ctx context.Context, name string, cons jetstream.Consumer, stopped *atomic.Bool) *hubHealth {

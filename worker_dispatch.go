@@ -509,42 +509,46 @@ func (d *dispatcher) runLanes() {
 			t = &e.tries
 		}
 		t.last = now
-		d.mu.Unlock()
-		hold := d.run(e, t)
-		d.mu.Lock()
-		l.running = nil
-		u.running--
-		again := l.again
-		l.again = nil
-		switch {
-		case hold && again != nil:
-			// Its next delivery already came: it goes first, nothing to wait for.
-			if l.insert(again) {
-				u.waiting++
-			}
-		case hold:
-			d.block(u, l, e)
-			// A nak's own delay may be longer than the policy's: the event comes
-			// back no sooner, and its tenant waits for it (a delay of "forever"
-			// must not wrap round to a wait already over).
-			slack := u.ackWait + d.core.topo.PublishTimeout
-			l.until = time.Now().Add(min(max(d.retryDelay(e), e.nakDelay), math.MaxInt64-slack) + slack)
-		case !e.made(wasAcked | wasNaked):
-			u.returned[e.seq] = e
-		}
-		if e.made(wasAcked) {
-			delete(d.tries, eventRef{e.part, e.seq})
-		} else if t == &e.tries {
-			d.tries[eventRef{e.part, e.seq}] = t // for its next attempt
-		}
-		if u.running == 0 && u.releasing.Load() {
-			close(u.idle)
-		}
-		// No wake: this goroutine takes the next ready lane before it lets go of
-		// d.mu, so a goroutine woken for l would only find the list as it was
-		// (measured: one futex wake and a context switch per delivery).
-		d.enqueue(l)
+		d.call(l, u, e, t)
 	}
+}
+
+// settleCall files what e's handler call came to (hold: its tenant waits for the
+// event to come back) and puts l back on the ready list if it has more. Called with
+// d.mu held.
+func (d *dispatcher) settleCall(l *lane, u *unit, e *entry, t *tries, hold bool) {
+	l.running = nil
+	u.running--
+	again := l.again
+	l.again = nil
+	switch {
+	case hold && again != nil:
+		// Its next delivery already came: it goes first, nothing to wait for.
+		if l.insert(again) {
+			u.waiting++
+		}
+	case hold:
+		d.block(u, l, e)
+		// A nak's own delay may be longer than the policy's: the event comes
+		// back no sooner, and its tenant waits for it (a delay of "forever"
+		// must not wrap round to a wait already over).
+		slack := u.ackWait + d.core.topo.PublishTimeout
+		l.until = time.Now().Add(min(max(d.retryDelay(e), e.nakDelay), math.MaxInt64-slack) + slack)
+	case !e.made(wasAcked | wasNaked):
+		u.returned[e.seq] = e
+	}
+	if e.made(wasAcked) {
+		delete(d.tries, eventRef{e.part, e.seq})
+	} else if t == &e.tries {
+		d.tries[eventRef{e.part, e.seq}] = t // for its next attempt
+	}
+	if u.running == 0 && u.releasing.Load() {
+		close(u.idle)
+	}
+	// No wake: this goroutine takes the next ready lane before it lets go of
+	// d.mu, so a goroutine woken for l would only find the list as it was
+	// (measured: one futex wake and a context switch per delivery).
+	d.enqueue(l)
 }
 
 // spinRounds is how often an idle goroutine of the pool yields before it sleeps.

@@ -26,7 +26,8 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 	span := &e.op
 	ctx := d.core.startProcess(d.ctx, d.starts[e.part], e.msg, span)
 	e.msg.Ctx = ctx
-	var err error
+	// Until handle returns: a call that ends its goroutine leaves it so (see call).
+	err := errHandlerExited
 	defer func() { span.end(err) }()
 	// An event delivered beyond MaxDeliveries that never failed here (its handler
 	// returned without settling, the ack wait ran out, or a process died in it) is
@@ -39,6 +40,13 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 		// another worker: its tenant's next event must not start before it.
 		return e.made(wasNaked) || (e.made(wasUnsent) && !e.made(wasAcked))
 	}
+	return d.fail(ctx, e, t, err)
+}
+
+// fail settles e after its handler call failed with err: nothing more when the
+// handler acked it, held when it nak'ed it, parked on its last delivery allowed, else
+// nak'ed for the retry delay. It reports whether e's tenant waits for e to come back.
+func (d *dispatcher) fail(ctx context.Context, e *entry, t *tries, err error) (hold bool) {
 	t.lastErr = err.Error()
 	switch {
 	case e.made(wasAcked):
