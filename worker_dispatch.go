@@ -1,12 +1,8 @@
 package mq
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"math"
-	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,10 +11,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// The worker's dispatcher: deliveries from every partition it takes go into one lane
-// per tenant, and a pool of at most Concurrency goroutines runs the lanes, one handler
-// call per lane at a time. A lane whose event failed is held until that event comes back, so a
-// tenant's order survives retries while other tenants go on.
+// The worker's dispatcher: deliveries from every partition it takes are filed here
+// into one lane per tenant (worker_lanes.go), and a pool of at most Concurrency
+// goroutines runs the lanes, one handler call per lane at a time (worker_pool.go). A
+// lane whose event failed is held until that event comes back, so a tenant's order
+// survives retries while other tenants go on (worker_retry.go).
 
 // pinIDHeader carries the pin a message of a pinned_client durable was delivered
 // under (nats-server's JSPullRequestNatsPinId).
@@ -104,39 +101,6 @@ type unit struct {
 }
 
 func (u *unit) isReleasing() bool { return u.releasing.Load() }
-
-// lane is one tenant's events held by this worker, in sequence order.
-type lane struct {
-	tenant  TenantID
-	part    int
-	queue   []*entry // waiting for the handler, in sequence order
-	running *entry
-	again   *entry    // a delivery of running's event that came during its call
-	blocked *entry    // failed and nak'ed with a delay: its next delivery goes first
-	until   time.Time // when to stop waiting for blocked to come back
-	ready   bool      // on dispatcher.ready
-	// used: an event was filed since the last sweep. An emptied lane stays for the
-	// tenant's next event: dropped and made again per event, it cost a map insert, a
-	// delete and an allocation per delivery (measured, BenchmarkConsume: 0.15 µs of
-	// CPU per event).
-	used bool
-}
-
-// empty reports whether l holds nothing: no event waiting, running or held.
-func (l *lane) empty() bool {
-	return l.running == nil && l.again == nil && l.blocked == nil && len(l.queue) == 0
-}
-
-// sweepLanes drops the lanes that stayed empty since the last sweep. Called with d.mu
-// held.
-func (d *dispatcher) sweepLanes() {
-	for t, l := range d.lanes {
-		if !l.used && l.empty() {
-			delete(d.lanes, t)
-		}
-		l.used = false
-	}
-}
 
 // entry is one delivery.
 type entry struct {
@@ -359,224 +323,6 @@ func (d *dispatcher) late(u *unit, e *entry) {
 // waitLimit is how many events a partition may have waiting for a handler: two
 // pull batches, and at least one per handler.
 func (d *dispatcher) waitLimit() int { return max(2*d.share, d.policy.concurrency) }
-
-// block holds lane l behind its failed event e; its queue stops counting as waiting.
-func (d *dispatcher) block(u *unit, l *lane, e *entry) {
-	l.blocked = e
-	u.waiting -= len(l.queue)
-	d.room.Broadcast()
-}
-
-// unblock frees lane l; its queue counts as waiting again.
-func (d *dispatcher) unblock(u *unit, l *lane) {
-	l.blocked = nil
-	u.waiting += len(l.queue)
-}
-
-// insert puts e into the queue in sequence order, replacing an earlier delivery of the
-// same event (its ack wait ran out while it waited); it reports whether e is new.
-func (l *lane) insert(e *entry) bool {
-	i, found := slices.BinarySearchFunc(l.queue, e.seq, func(q *entry, seq uint64) int { return cmp.Compare(q.seq, seq) })
-	if found {
-		l.queue[i] = e
-		return false
-	}
-	l.queue = slices.Insert(l.queue, i, e)
-	return true
-}
-
-// schedule puts l on the ready list when it has work and nothing holds it, and wakes
-// a goroutine of the pool for it.
-func (d *dispatcher) schedule(l *lane) {
-	if d.enqueue(l) {
-		d.wakeOne()
-	}
-}
-
-// wakeOne finds a goroutine of the pool for a lane made ready: an idle one not woken
-// yet, else a new one while the pool is below Concurrency; else the lane waits for a
-// goroutine to finish its call. Called with d.mu held.
-func (d *dispatcher) wakeOne() {
-	switch {
-	case d.spinning > d.claimed:
-		d.claimed++
-	case d.idle > d.signaled:
-		d.signaled++
-		d.wake.Signal()
-	case d.started < d.policy.concurrency && !d.over():
-		d.started++
-		go d.runLanes()
-	}
-}
-
-// enqueue puts l on the ready list when it has work and nothing holds it, and reports
-// whether it did. Called with d.mu held.
-func (d *dispatcher) enqueue(l *lane) bool {
-	if l.ready || l.running != nil || l.blocked != nil || len(l.queue) == 0 {
-		return false
-	}
-	if u := d.units[l.part]; u != nil && (u.releasing.Load() || u.backlogHolds(l)) {
-		return false
-	}
-	l.ready = true
-	d.ready.push(l)
-	return true
-}
-
-// readyLanes is the lanes ready to run, oldest first. Its front moves up the array,
-// which is compacted once the front passed half of it: a pop that shifted the rest
-// down copied every ready lane, a thousand when as many tenants wait, and a slice
-// resliced from the front allocated anew as appends outran it (measured: one
-// allocation per delivery).
-type readyLanes struct {
-	lanes []*lane
-	head  int
-}
-
-func (q *readyLanes) push(l *lane) { q.lanes = append(q.lanes, l) }
-
-func (q *readyLanes) len() int { return len(q.lanes) - q.head }
-
-// pop removes the oldest lane; q must not be empty.
-func (q *readyLanes) pop() *lane {
-	l := q.lanes[q.head]
-	q.lanes[q.head] = nil
-	q.head++
-	switch {
-	case q.head == len(q.lanes):
-		q.lanes, q.head = q.lanes[:0], 0
-	case q.head >= 32 && 2*q.head >= len(q.lanes):
-		n := copy(q.lanes, q.lanes[q.head:])
-		clear(q.lanes[n:])
-		q.lanes, q.head = q.lanes[:n], 0
-	}
-	return l
-}
-
-// runLanes is one of the pool's goroutines.
-func (d *dispatcher) runLanes() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for {
-		for d.ready.len() == 0 && !d.over() {
-			// Idle: what still waits is held behind calls in flight, so a pull
-			// waiting for room must not wait for more of it to run (see below).
-			d.room.Broadcast()
-			if d.spin() {
-				continue
-			}
-			d.idle++
-			d.wake.Wait()
-			d.idle--
-			if d.signaled > 0 {
-				d.signaled--
-			}
-		}
-		if d.over() {
-			return
-		}
-		l := d.ready.pop()
-		l.ready = false
-		u := d.units[l.part]
-		if u == nil || u.releasing.Load() || u.backlogHolds(l) || len(l.queue) == 0 {
-			continue
-		}
-		e := l.queue[0]
-		l.queue = l.queue[1:]
-		u.waiting--
-		if u.copyOfAcked(e) {
-			// Its event was acked while the copy waited in the lane.
-			d.mu.Unlock()
-			d.dropAcked(u, e)
-			d.mu.Lock()
-			d.room.Broadcast()
-			d.enqueue(l)
-			continue
-		}
-		l.running = e
-		u.running++
-		// A pull waiting for room resumes once half the limit ran (or the pool went
-		// idle), not at each call: woken per call it filed one event and slept
-		// again, a context switch per delivery.
-		if u.waiting <= d.waitLimit()/2 {
-			d.room.Broadcast()
-		}
-		now := time.Now()
-		t := d.tries[eventRef{e.part, e.seq}]
-		if t == nil {
-			// Filed in d.tries after the call if the event is still unsettled.
-			e.tries = tries{first: now}
-			t = &e.tries
-		}
-		t.last = now
-		d.call(l, u, e, t)
-	}
-}
-
-// settleCall files what e's handler call came to (hold: its tenant waits for the
-// event to come back) and puts l back on the ready list if it has more. Called with
-// d.mu held.
-func (d *dispatcher) settleCall(l *lane, u *unit, e *entry, t *tries, hold bool) {
-	l.running = nil
-	u.running--
-	again := l.again
-	l.again = nil
-	switch {
-	case hold && again != nil:
-		// Its next delivery already came: it goes first, nothing to wait for.
-		if l.insert(again) {
-			u.waiting++
-		}
-	case hold:
-		d.block(u, l, e)
-		// A nak's own delay may be longer than the policy's: the event comes
-		// back no sooner, and its tenant waits for it (a delay of "forever"
-		// must not wrap round to a wait already over).
-		slack := u.ackWait + d.core.topo.PublishTimeout
-		l.until = time.Now().Add(min(max(d.retryDelay(e), e.nakDelay), math.MaxInt64-slack) + slack)
-	case !e.made(wasAcked | wasNaked):
-		u.returned[e.seq] = e
-	}
-	if e.made(wasAcked) {
-		delete(d.tries, eventRef{e.part, e.seq})
-	} else if t == &e.tries {
-		d.tries[eventRef{e.part, e.seq}] = t // for its next attempt
-	}
-	if u.running == 0 && u.releasing.Load() {
-		close(u.idle)
-	}
-	// No wake: this goroutine takes the next ready lane before it lets go of
-	// d.mu, so a goroutine woken for l would only find the list as it was
-	// (measured: one futex wake and a context switch per delivery).
-	d.enqueue(l)
-}
-
-// spinRounds is how often an idle goroutine of the pool yields before it sleeps.
-const spinRounds = 4
-
-// spin lets other goroutines run a few times before this one of the pool sleeps, and
-// reports whether a lane became ready meanwhile (or the delivery ended). An event
-// handled at once leaves the pool idle until the next arrives, microseconds later: a
-// sleep on wake cost a futex wake and a context switch per delivery (measured,
-// BenchmarkConsume, 28 interleaved pairs: 0.96x the time without the spin, faster in 21;
-// sign test p = 0.01). Called with d.mu held, which it lets go of while it yields.
-func (d *dispatcher) spin() bool {
-	d.spinning++
-	found := false
-	for range spinRounds {
-		d.mu.Unlock()
-		runtime.Gosched()
-		d.mu.Lock()
-		if found = d.ready.len() > 0 || d.over(); found {
-			break
-		}
-	}
-	d.spinning--
-	if d.claimed > 0 {
-		d.claimed--
-	}
-	return found
-}
 
 // observe hears of a settle the handler made, during its call or after.
 func (d *dispatcher) observe(u *unit, e *entry, kind settled, delay time.Duration) {
