@@ -269,10 +269,12 @@ func (s subjects) tenantDeadLetters(tenant TenantID) string {
 // "<prefix>.dlq." or after "<prefix>.ingest.<p>.", where p is a decimal below 2^31.
 // ok is false for a subject this prefix did not write.
 func (s subjects) key(subject string) (key string, ok bool) {
-	rest, found := strings.CutPrefix(subject, s.prefix+".")
-	if !found {
+	// Cut in two steps: s.prefix+"." built a string on every delivery.
+	rest, found := strings.CutPrefix(subject, s.prefix)
+	if !found || !strings.HasPrefix(rest, ".") {
 		return "", false
 	}
+	rest = rest[1:]
 	if k, found := strings.CutPrefix(rest, "dlq."); found {
 		return k, k != ""
 	}
