@@ -156,13 +156,13 @@ const system messagingconv.SystemAttr = "nats"
 
 func (m *instruments) startOp(span trace.Span, name string, typ messagingconv.OperationTypeAttr, attrs []attribute.KeyValue) *operation {
 	o := new(operation)
-	m.initOp(o, span, name, typ, attrs)
+	m.initOp(o, span, time.Now(), name, typ, attrs)
 	return o
 }
 
-// initOp starts operation o, which the caller allocated.
-func (m *instruments) initOp(o *operation, span trace.Span, name string, typ messagingconv.OperationTypeAttr, attrs []attribute.KeyValue) {
-	*o = operation{Span: span, m: m, start: time.Now(), name: name, typ: typ, attrs: attrs}
+// initOp starts operation o, which the caller allocated, at start.
+func (m *instruments) initOp(o *operation, span trace.Span, start time.Time, name string, typ messagingconv.OperationTypeAttr, attrs []attribute.KeyValue) {
+	*o = operation{Span: span, m: m, start: start, name: name, typ: typ, attrs: attrs}
 }
 
 // end ends the span with err and records the operation: its duration, and its

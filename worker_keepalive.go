@@ -34,6 +34,7 @@ func (d *dispatcher) keepAlive() {
 		var waiting []*entry
 		d.mu.Lock()
 		now := time.Now()
+		d.ticked.Store(&now)
 		switch elapsed := now.Sub(last); {
 		case !d.core.nc.IsConnected():
 			// Nothing can come back while the connection is down: a wait for a

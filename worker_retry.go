@@ -24,7 +24,7 @@ func (d *dispatcher) run(e *entry, t *tries) (hold bool) {
 	// The attempt's consumer span covers the handler and a park; Message.Ctx carries
 	// it, still cancelled with the CreateConsumer ctx.
 	span := &e.op
-	ctx := d.core.startProcess(d.ctx, d.starts[e.part], e.msg, span)
+	ctx := d.core.startProcess(d.ctx, d.starts[e.part], e.msg, span, t.last)
 	e.msg.Ctx = ctx
 	// Until handle returns: a call that ends its goroutine leaves it so (see call).
 	err := errHandlerExited
