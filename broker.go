@@ -74,7 +74,8 @@ var (
 	// rows to that without asking (mqtest checks it).
 	ErrPayloadTooLarge = errors.New("mq: payload too large")
 
-	// ErrClosed: the broker was closed.
+	// ErrClosed: the broker was closed, or never opened (a nil or zero *EmbeddedNATS
+	// or *ExternalNATS: its methods return this rather than panic).
 	ErrClosed = errors.New("mq: broker closed")
 
 	// ErrInvalidConfig: a ConsumerConfig or an argument that cannot work, such as a

@@ -266,6 +266,9 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 // ClientURL returns the URL NATS clients reach the server at, or "" without a
 // listener.
 func (e *EmbeddedNATS) ClientURL() string {
+	if e.opened() != nil {
+		return ""
+	}
 	if !e.listening {
 		return ""
 	}
@@ -274,12 +277,18 @@ func (e *EmbeddedNATS) ClientURL() string {
 
 // Subscribe runs the hub: an ordered consumer on the history from now on.
 func (e *EmbeddedNATS) Subscribe(ctx context.Context, name string, handler Handler) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	return e.core.subscribe(ctx, name, handler)
 }
 
 // CreateConsumer maps cfg.Durable onto the ingest durable and applies cfg's AckWait and
 // MaxAckPending to it on every partition.
 func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
+	if err := e.opened(); err != nil {
+		return nil, err
+	}
 	if ctx == nil {
 		return nil, errNilContext("create consumer")
 	}
@@ -304,12 +313,18 @@ func (e *EmbeddedNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (
 
 // ReplaySince replays topic from the history.
 func (e *EmbeddedNATS) ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	return e.core.replay(ctx, topic, since, send)
 }
 
 // SetMaxBytes records tenant's budget in the store and enforces it from now on. Of
 // concurrent calls for one tenant, the one the store keeps last is the one enforced.
 func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	if err := e.core.checkOpen(); err != nil {
 		return err
 	}
@@ -338,12 +353,18 @@ func (e *EmbeddedNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxByte
 
 // MaxBytes returns tenant's budget, or 0.
 func (e *EmbeddedNATS) MaxBytes(tenant TenantID) int64 {
+	if e.opened() != nil {
+		return 0
+	}
 	n, _ := e.budgets.limit(tenant)
 	return n
 }
 
 // Stats reads the server's counters.
 func (e *EmbeddedNATS) Stats() (Stats, error) {
+	if err := e.opened(); err != nil {
+		return Stats{}, err
+	}
 	if err := e.core.checkOpen(); err != nil {
 		return Stats{}, err
 	}
@@ -360,11 +381,19 @@ func (e *EmbeddedNATS) Stats() (Stats, error) {
 
 // Health reports the connection to the in-process server, the history stream (one
 // stream info request), and every running hub and Consume (see [HealthChecker]).
-func (e *EmbeddedNATS) Health(ctx context.Context) error { return e.core.health(ctx, nil) }
+func (e *EmbeddedNATS) Health(ctx context.Context) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
+	return e.core.health(ctx, nil)
+}
 
 // Close stops every consumer and subscription, flushes pending acks, shuts the server
 // down and waits for it, so the store can be opened again with nothing lost.
 func (e *EmbeddedNATS) Close() error {
+	if e.opened() != nil {
+		return nil // nothing to close
+	}
 	if !e.core.stopAll() {
 		return nil
 	}

@@ -9,6 +9,9 @@ import (
 
 // DeadLetter parks msg on the dead-letter stream under its own topic.
 func (e *EmbeddedNATS) DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	return e.core.deadLetter(ctx, msg, opts)
 }
 
@@ -16,6 +19,9 @@ func (e *EmbeddedNATS) DeadLetter(ctx context.Context, msg *Message, opts ...Pub
 // queue and is ErrNoDeadLetterQueue, unless a host parked events of it (DeadLetter
 // takes a message of any tenant): those are counted.
 func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
+	if err := e.opened(); err != nil {
+		return DeadLetterCounts{}, err
+	}
 	if ctx == nil {
 		return DeadLetterCounts{}, errNilContext("dead-letter counts")
 	}
@@ -34,16 +40,25 @@ func (e *EmbeddedNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, ta
 
 // DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].
 func (e *EmbeddedNATS) DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) ([]*Message, string, error) {
+	if err := e.opened(); err != nil {
+		return nil, "", err
+	}
 	return e.core.listDeadLetters(ctx, tenant, q)
 }
 
 // Redrive publishes the selected parked events again through Publish and removes each
 // once stored; see [DeadLetterManager].
 func (e *EmbeddedNATS) Redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	if err := e.opened(); err != nil {
+		return 0, err
+	}
 	return e.core.redrive(ctx, tenant, sel, e.Publish)
 }
 
 // DeleteDeadLetters removes the selected parked events; see [DeadLetterManager].
 func (e *EmbeddedNATS) DeleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	if err := e.opened(); err != nil {
+		return 0, err
+	}
 	return e.core.deleteDeadLetters(ctx, tenant, sel)
 }

@@ -12,6 +12,9 @@ import (
 // bytes it reserves are given back on every way out that stored nothing, a panic
 // included.
 func (e *EmbeddedNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) (err error) {
+	if err = e.opened(); err != nil {
+		return err
+	}
 	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
 	if err != nil {
 		return err
@@ -62,6 +65,9 @@ func (e *EmbeddedNATS) settleReserved(p int, r *reservation, s stored) {
 // the tenant's budget reserved for the whole batch before anything is sent. As in
 // Publish, what a panic leaves unsettled is given back.
 func (e *EmbeddedNATS) PublishBatch(ctx context.Context, b Batch) (err error) {
+	if err = e.opened(); err != nil {
+		return err
+	}
 	out, err := e.core.prepareBatch(ctx, b)
 	if err != nil || len(out.events) == 0 {
 		return err

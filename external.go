@@ -192,6 +192,9 @@ func (e *ExternalNATS) lostTopology(stream string, err error) {
 
 // Publish stores data on the tenant's partition.
 func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, opts ...PublishOpt) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	ev, err := e.core.ingestEvent(ctx, topic, data, opts)
 	if err != nil {
 		return err
@@ -204,6 +207,9 @@ func (e *ExternalNATS) Publish(ctx context.Context, topic Topic, data []byte, op
 // PublishBatch stores b's events on the tenant's partition, pipelined or as one
 // atomic batch (see [BatchPublisher]).
 func (e *ExternalNATS) PublishBatch(ctx context.Context, b Batch) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	out, err := e.core.prepareBatch(ctx, b)
 	if err != nil || len(out.events) == 0 {
 		return err
@@ -217,6 +223,9 @@ func (e *ExternalNATS) PublishBatch(ctx context.Context, b Batch) error {
 // The name only names the hub in Health and the log: every process needs every
 // event. A handler error is logged.
 func (e *ExternalNATS) Subscribe(ctx context.Context, name string, handler Handler) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	return e.core.subscribe(ctx, name, handler)
 }
 
@@ -224,6 +233,9 @@ func (e *ExternalNATS) Subscribe(ctx context.Context, name string, handler Handl
 // every partition: its ack wait at least cfg's (default the topology's), and a max ack
 // pending set. It never creates one.
 func (e *ExternalNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (Consumer, error) {
+	if err := e.opened(); err != nil {
+		return nil, err
+	}
 	if ctx == nil {
 		return nil, errNilContext("create consumer")
 	}
@@ -257,17 +269,26 @@ func (e *ExternalNATS) CreateConsumer(ctx context.Context, cfg ConsumerConfig) (
 
 // DeadLetter parks msg on the dead-letter stream under its own topic, with a fresh id.
 func (e *ExternalNATS) DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	return e.core.deadLetter(ctx, msg, opts)
 }
 
 // DeadLetterCounts counts tenant's parked events with one subject-filtered info call;
 // a tenant that parked nothing has zero counts.
 func (e *ExternalNATS) DeadLetterCounts(ctx context.Context, tenant TenantID, table string) (DeadLetterCounts, error) {
+	if err := e.opened(); err != nil {
+		return DeadLetterCounts{}, err
+	}
 	return e.core.deadLetterCounts(ctx, tenant, table)
 }
 
 // ReplaySince replays topic from the history.
 func (e *ExternalNATS) ReplaySince(ctx context.Context, topic Topic, since time.Time, send func(*Message) bool) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	return e.core.replay(ctx, topic, since, send)
 }
 
@@ -276,6 +297,9 @@ func (e *ExternalNATS) ReplaySince(ctx context.Context, topic Topic, since time.
 // cutoff) is longer than the history keeps: once in the broker's life, since a fixed
 // cutoff makes the window grow with every call.
 func (e *ExternalNATS) PurgeAcked(ctx context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error) {
+	if err := e.opened(); err != nil {
+		return false, err
+	}
 	if ctx == nil {
 		return false, errNilContext("purge acked")
 	}
@@ -305,6 +329,9 @@ func (e *ExternalNATS) PurgeAcked(ctx context.Context, consumer string, olderTha
 
 // SetMaxBytes records tenant's budget; it is not enforced per tenant here.
 func (e *ExternalNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxBytes int64) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	if err := e.core.checkOpen(); err != nil {
 		return err
 	}
@@ -329,6 +356,9 @@ func (e *ExternalNATS) SetMaxBytes(ctx context.Context, tenant TenantID, maxByte
 
 // MaxBytes returns the budget last recorded for tenant, or 0.
 func (e *ExternalNATS) MaxBytes(tenant TenantID) int64 {
+	if e.opened() != nil {
+		return 0
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.budgets[tenant]
@@ -337,6 +367,9 @@ func (e *ExternalNATS) MaxBytes(tenant TenantID) int64 {
 // Health reports the connection, the history stream (one stream info request), every
 // running hub and Consume, and the last topology re-check (see [HealthChecker]).
 func (e *ExternalNATS) Health(ctx context.Context) error {
+	if err := e.opened(); err != nil {
+		return err
+	}
 	var topo error
 	if err := e.topologyErr.Load(); err != nil {
 		topo = fmt.Errorf("health: %w", *err)
@@ -346,6 +379,9 @@ func (e *ExternalNATS) Health(ctx context.Context) error {
 
 // Stats reports the connection (1 or 0) and the client's counters.
 func (e *ExternalNATS) Stats() (Stats, error) {
+	if err := e.opened(); err != nil {
+		return Stats{}, err
+	}
 	if err := e.core.checkOpen(); err != nil {
 		return Stats{}, err
 	}
@@ -360,6 +396,9 @@ func (e *ExternalNATS) Stats() (Stats, error) {
 // Close stops the watch loop (cancelling an in-flight re-check) and every consumer and
 // subscription, so none reports failed, then drains the connection.
 func (e *ExternalNATS) Close() error {
+	if e.opened() != nil {
+		return nil // nothing to close
+	}
 	e.closeOnce.Do(func() {
 		e.closing.Store(true)
 		e.watchCancel()
@@ -463,16 +502,25 @@ func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, e *ExternalNA
 
 // DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].
 func (e *ExternalNATS) DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) ([]*Message, string, error) {
+	if err := e.opened(); err != nil {
+		return nil, "", err
+	}
 	return e.core.listDeadLetters(ctx, tenant, q)
 }
 
 // Redrive publishes the selected parked events again through Publish and removes each
 // once stored; see [DeadLetterManager].
 func (e *ExternalNATS) Redrive(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	if err := e.opened(); err != nil {
+		return 0, err
+	}
 	return e.core.redrive(ctx, tenant, sel, e.Publish)
 }
 
 // DeleteDeadLetters removes the selected parked events; see [DeadLetterManager].
 func (e *ExternalNATS) DeleteDeadLetters(ctx context.Context, tenant TenantID, sel DeadLetterSelector) (int, error) {
+	if err := e.opened(); err != nil {
+		return 0, err
+	}
 	return e.core.deleteDeadLetters(ctx, tenant, sel)
 }

@@ -8,6 +8,9 @@ import (
 // OldestSequence returns the history's oldest sequence, or the next one when the
 // history holds none (see HistoryHorizon).
 func (e *EmbeddedNATS) OldestSequence(ctx context.Context) (uint64, error) {
+	if err := e.opened(); err != nil {
+		return 0, err
+	}
 	return e.core.oldestSequence(ctx)
 }
 
@@ -16,6 +19,9 @@ func (e *EmbeddedNATS) OldestSequence(ctx context.Context) (uint64, error) {
 // it; a max_msgs_per_subject on the history drops events from the middle, which it
 // cannot show (the verifier advises against one).
 func (e *ExternalNATS) OldestSequence(ctx context.Context) (uint64, error) {
+	if err := e.opened(); err != nil {
+		return 0, err
+	}
 	return e.core.oldestSequence(ctx)
 }
 

@@ -19,6 +19,9 @@ import (
 // before min(the tenant's cutoff, the time of its first event the worker has not
 // acknowledged); a tenant absent from olderThan has a cutoff of now.
 func (e *EmbeddedNATS) PurgeAcked(ctx context.Context, consumer string, olderThan map[TenantID]time.Time) (bool, error) {
+	if err := e.opened(); err != nil {
+		return false, err
+	}
 	if ctx == nil {
 		return false, errNilContext("purge acked")
 	}

@@ -270,10 +270,16 @@ var (
 
 // Status reads the topology's state on the operator's streams; see [StatusReader].
 func (e *ExternalNATS) Status(ctx context.Context, opts StatusOptions) (TopologyStatus, error) {
+	if err := e.opened(); err != nil {
+		return TopologyStatus{}, err
+	}
 	return e.core.status(ctx, opts)
 }
 
 // Status reads the topology's state; see [StatusReader].
 func (e *EmbeddedNATS) Status(ctx context.Context, opts StatusOptions) (TopologyStatus, error) {
+	if err := e.opened(); err != nil {
+		return TopologyStatus{}, err
+	}
 	return e.core.status(ctx, opts)
 }
