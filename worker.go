@@ -175,6 +175,10 @@ func (d *dispatcher) consume(u *unit, cons jetstream.Consumer) error {
 	d.mu.Lock()
 	u.ackWait = cfg.AckWait
 	u.acked = d.ackedOn(u.p, cfg.MaxAckPending)
+	select {
+	case d.retick <- struct{}{}:
+	default: // one is pending already
+	}
 	// Only this worker pulls the partition now: what is pending is the previous
 	// owner's, and comes back out of sequence order (see backlog).
 	u.backlog = d.newBacklog(info, returning)

@@ -29,6 +29,20 @@ func (d *dispatcher) keepAlive() {
 		select {
 		case <-d.endTick:
 			return
+		case <-d.retick:
+			// A partition was taken: its ack wait may want ticks sooner than this
+			// period. Waiting for the tick in force first let an ack wait under a
+			// second run out before its first extension (a reviewer measured it: an
+			// event held behind a 900 ms call under a 400 ms ack wait came twice).
+			// The tick after the reset is due period after last, for the stall check.
+			d.mu.Lock()
+			next := d.keepAlivePeriod()
+			d.mu.Unlock()
+			if since := time.Since(last); next < period-since {
+				period = since + next
+				tick.Reset(next)
+			}
+			continue
 		case <-tick.C:
 		}
 		var waiting []*entry
@@ -45,12 +59,7 @@ func (d *dispatcher) keepAlive() {
 			d.stalled(elapsed - period)
 		}
 		last = now
-		period = keepAlivePeriod
-		for _, u := range d.units {
-			if u.ackWait > 0 {
-				period = min(period, max(u.ackWait/6, minKeepAlivePeriod))
-			}
-		}
+		period = d.keepAlivePeriod()
 		tick.Reset(period)
 		for _, u := range d.units {
 			if b := u.backlog; b != nil && b.over(now) {
@@ -101,6 +110,18 @@ func (d *dispatcher) keepAlive() {
 			_ = e.m.InProgress()
 		}
 	}
+}
+
+// keepAlivePeriod is keepAlivePeriod, or a sixth of the shortest ack wait of the
+// partitions taken, never less than minKeepAlivePeriod. Called with d.mu held.
+func (d *dispatcher) keepAlivePeriod() time.Duration {
+	period := keepAlivePeriod
+	for _, u := range d.units {
+		if u.ackWait > 0 {
+			period = min(period, max(u.ackWait/6, minKeepAlivePeriod))
+		}
+	}
+	return period
 }
 
 // stallSlack is how much later than its period a keepAlive tick may come before the
