@@ -2,6 +2,7 @@ package mq
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +41,44 @@ func TestParseDelivery_ReadsBothAckSubjectFormsAsNatsGoDoes(t *testing.T) {
 		require.Equal(t, want.numDelivered, got.numDelivered, reply)
 		require.True(t, want.timestamp.Equal(got.timestamp), reply)
 	}
+}
+
+// A number nats.go would read otherwise is refused in every position: nats.go wraps a
+// sequence past 2^64-1 round to a small one and reads a stray character as 0, so the
+// fuzz test's comparison with it cannot catch a parser that does the same.
+func TestParseDelivery_RefusesANumberNoUint64HoldsInEveryPosition(t *testing.T) {
+	for _, bad := range []string{"18446744073709551616", "99999999999999999999", "+1", "-1", "", "1_0", "0x1", " 1", "1e3"} {
+		for pos := range 4 {
+			nums := []string{"1", "2", "3", "4"}
+			nums[pos] = bad
+			for _, reply := range []string{
+				"$JS.ACK.S.c." + strings.Join(nums, ".") + ".0",
+				"$JS.ACK._.HASH.S.c." + strings.Join(nums, ".") + ".0.tok",
+			} {
+				_, ok := parseDelivery(reply)
+				require.False(t, ok, "accepted %q", reply)
+			}
+		}
+	}
+	got, ok := parseDelivery("$JS.ACK.S.c.1.18446744073709551615.00000000000000000000000003.4.0")
+	require.True(t, ok)
+	require.Equal(t, uint64(18446744073709551615), got.streamSeq, "the largest uint64 is read")
+	require.Equal(t, uint64(3), got.consumerSeq, "leading zeros beyond 19 digits are read, as ParseUint does")
+}
+
+// decimal is strconv.ParseUint(s, 10, 64), whatever s.
+func FuzzDecimal_ReadsAsParseUintDoes(f *testing.F) {
+	for _, seed := range []string{"", "0", "18446744073709551615", "18446744073709551616", "0000000000000000000000001", "+1", "1a"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, ok := decimal(s)
+		want, err := strconv.ParseUint(s, 10, 64)
+		require.Equal(t, err == nil, ok, "%q", s)
+		if ok {
+			require.Equal(t, want, got, "%q", s)
+		}
+	})
 }
 
 // What is not an ack subject is refused, never read as one, and never panics: a
