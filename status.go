@@ -19,7 +19,9 @@ import (
 // consumer info, and the workers' heartbeats.
 type StatusReader interface {
 	// Status reads one snapshot. A partition or the history that cannot be read is an
-	// error; a consumer list the user may not read is reported in ConsumersErr.
+	// error; a consumer list the user may not read is reported in ConsumersErr. A ctx
+	// that ends before ListenWorkers did is an error too: the workers heard so far
+	// would not be all of them.
 	Status(ctx context.Context, opts StatusOptions) (TopologyStatus, error)
 }
 
@@ -125,6 +127,10 @@ func (c *natsCore) status(ctx context.Context, opts StatusOptions) (TopologyStat
 	}
 	select {
 	case <-ctx.Done():
+		// Not the snapshot so far: its workers would be only those heard before the
+		// end, and an operator's Ctrl-C printed every partition as owned by none.
+		stopListen()
+		return TopologyStatus{}, fmt.Errorf("status: listening for the workers' heartbeats: %w", ctx.Err())
 	case <-time.After(cmp.Or(opts.ListenWorkers, time.Second)):
 	}
 	s.Workers = stopListen()

@@ -55,6 +55,22 @@ func TestStatus_ANegativeListenWorkersIsInvalidConfig(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 
+// TestStatus_ACtxEndedWhileListeningIsAnErrorNotASnapshotWithoutWorkers: an operator's
+// Ctrl-C during the listen for heartbeats printed a table with every partition owned by
+// no worker, while a worker held them all.
+func TestStatus_ACtxEndedWhileListeningIsAnErrorNotASnapshotWithoutWorkers(t *testing.T) {
+	t.Parallel()
+	e := openEmbedded(t, "")
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	s, err := e.Status(ctx, StatusOptions{ListenWorkers: time.Hour})
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Contains(t, err.Error(), "listening for the workers")
+	assert.Empty(t, s.Partitions, "no partial snapshot")
+	_, err = e.Status(t.Context(), StatusOptions{ListenWorkers: 50 * time.Millisecond})
+	require.NoError(t, err, "the broker still answers")
+}
+
 // TestStatus_TheHistoryShowsHowFarBackAReplayReaches: Oldest is the stored time of the
 // history's oldest event (zero while it holds none) and MaxAge its limit, so an
 // operator can tell a window cut short by max_bytes.
