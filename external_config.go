@@ -77,7 +77,7 @@ func (t NATSTLS) enabled() bool {
 
 // Validate reports, wrapping ErrInvalidConfig, why c cannot work, without dialing or
 // reading a secret: its topology, its URLs, its credentials' combination, and that its
-// secret and TLS files exist. NewNATS, ConnectNATS and CheckNATS call it first, and
+// secret and TLS files exist as regular files of at most 1 MiB. NewNATS, ConnectNATS and CheckNATS call it first, and
 // then read the files.
 func (c NATSConfig) Validate() error {
 	if err := c.NATSTopology.Validate(); err != nil {

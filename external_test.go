@@ -237,6 +237,11 @@ func TestNewNATS_RefusesConflictingOptionsBeforeDialing(t *testing.T) {
 	file := filepath.Join(dir, "f")
 	require.NoError(t, os.WriteFile(file, []byte("x"), 0o600))
 	url := []string{"nats://127.0.0.1:1"}
+	// A file larger than any secret: read whole, a device such as /dev/zero ran the
+	// process out of memory.
+	huge := filepath.Join(dir, "huge")
+	require.NoError(t, os.WriteFile(huge, nil, 0o600))
+	require.NoError(t, os.Truncate(huge, 2<<20))
 	cases := map[string]NATSConfig{
 		"no URLs":                      {},
 		"an empty URL":                 {URLs: []string{" "}},
@@ -257,10 +262,16 @@ func TestNewNATS_RefusesConflictingOptionsBeforeDialing(t *testing.T) {
 		"a creds file that is a dir":   {URLs: url, CredsFile: dir},
 		"a creds file that is garbage": {URLs: url, CredsFile: file},
 		"a seed file that is garbage":  {URLs: url, NKeySeedFile: file},
+		"a password file of 2 MiB":     {URLs: url, User: "u", PasswordFile: huge},
+		"a CA file of 2 MiB":           {URLs: url, TLS: NATSTLS{CAFile: huge}},
+	}
+	if _, err := os.Stat(os.DevNull); err == nil {
+		cases["a password file that is a device"] = NATSConfig{URLs: url, User: "u", PasswordFile: os.DevNull}
+		cases["a creds file that is a device"] = NATSConfig{URLs: url, CredsFile: os.DevNull}
 	}
 	// Validate refuses them too, but for those only reading a file or dialing shows.
 	shownLater := []string{"a URL that does not parse", "a port that is not a number", "a CA file that is not PEM",
-		"a creds file that is a dir", "a creds file that is garbage", "a seed file that is garbage"}
+		"a creds file that is garbage", "a seed file that is garbage"}
 	for name, cfg := range cases {
 		t.Run(name, func(t *testing.T) {
 			if !slices.Contains(shownLater, name) {
