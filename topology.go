@@ -90,9 +90,12 @@ const (
 	defaultMaxMsgsPerSubject = 1_000_000
 	defaultDuplicateWindow   = 2 * time.Minute
 	defaultHistoryMaxAge     = 15 * time.Minute
-	defaultHistoryMaxBytes   = 20 * gib
-	defaultDLQMaxBytes       = 5 * gib
-	defaultDLQMaxPerSubject  = 100_000
+	// minMaxAge is the least max age nats-server accepts on a stream (v2.15.3,
+	// "max age needs to be >= 100ms").
+	minMaxAge               = 100 * time.Millisecond
+	defaultHistoryMaxBytes  = 20 * gib
+	defaultDLQMaxBytes      = 5 * gib
+	defaultDLQMaxPerSubject = 100_000
 
 	// WorkerDurable is the ingest worker's own name for the ingest durable; both it and
 	// NATSTopology.IngestConsumer map onto the same durable.
@@ -193,6 +196,10 @@ func (t NATSTopology) check() error {
 		return fmt.Errorf("nats topology: prefix %q makes stream names longer than JetStream's %d bytes", t.Prefix, maxNameLen)
 	case t.PublishTimeout < 0, t.AckWait < 0, t.PinnedTTL < 0, t.DuplicateWindow < 0, t.HistoryMaxAge < 0:
 		return fmt.Errorf("nats topology: durations must not be negative")
+	case t.HistoryMaxAge < minMaxAge:
+		// Else the manifests carried a max age every server refuses on apply, and
+		// EmbeddedNATS failed only as it created the history.
+		return fmt.Errorf("nats topology: history max age %s is below %s, the least a stream's max age may be", t.HistoryMaxAge, minMaxAge)
 	case t.PublishTimeout > maxPublishTimeout:
 		return fmt.Errorf("nats topology: publish timeout %s is above %s: the partitions would keep every event's id for three times as long", t.PublishTimeout, maxPublishTimeout)
 	case t.MaxAckPending < 0, t.Prefetch < 0, t.Replicas < 0:

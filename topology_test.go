@@ -183,6 +183,8 @@ func TestNATSTopologyValidate_RefusesWhatCannotWork(t *testing.T) {
 		{"ingest group with a wildcard", NATSTopology{IngestGroup: "*"}, "ingest group"},
 		{"negative duplicate window", NATSTopology{DuplicateWindow: -time.Second}, "negative"},
 		{"negative history max age", NATSTopology{HistoryMaxAge: -time.Nanosecond}, "negative"},
+		{"a history max age every server refuses", NATSTopology{HistoryMaxAge: time.Nanosecond}, "history max age 1ns is below 100ms"},
+		{"a history max age just below the server's least", NATSTopology{HistoryMaxAge: 100*time.Millisecond - 1}, "below 100ms"},
 		{"negative max ack pending", NATSTopology{MaxAckPending: -1}, "negative"},
 		{"negative prefetch", NATSTopology{Prefetch: -1}, "negative"},
 		{"negative replicas", NATSTopology{Replicas: -1}, "negative"},

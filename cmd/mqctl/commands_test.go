@@ -140,7 +140,7 @@ func TestPermissionsTakesTheFlagsManifestsTakeAndGrantsThatTopology(t *testing.T
 		t.Errorf("permissions %v grants reads of %v, want the 6 partitions", flags, got)
 	}
 	for _, args := range [][]string{{"-partitions", "0"}, {"-partitions", "1099511627776"}, {"-replicas", "0"}, {"-replicas", "7"},
-		{"-history", "WH_DLQ"}, {"-history-max-age", "0s"}, {"-prefix="}, {"-ingest-group="}} {
+		{"-history", "WH_DLQ"}, {"-history-max-age", "0s"}, {"-history-max-age", "1ns"}, {"-prefix="}, {"-ingest-group="}} {
 		for _, command := range []string{"manifests", "permissions"} {
 			if code, stdout, stderr := runArgs(t, append([]string{command}, args...)...); code != 2 || stdout != "" || stderr == "" {
 				t.Errorf("%s %v: exit %d, stdout %d bytes, stderr %q; want a usage error and nothing printed", command, args, code, len(stdout), stderr)

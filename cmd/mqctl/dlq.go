@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -186,27 +188,36 @@ func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, ten
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	// The rows are aligned on their own, then each event's headers are put under its
+	// row: a line of one cell in the tabwriter would end the columns' block, and the
+	// rows after it would be aligned apart from the column header.
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTABLE\tSCOPE\tPARKED\tREASON\tATTEMPTS\tERROR")
 	for _, m := range page {
 		t := m.Topic()
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, cell(t.Table), cell(t.Scope),
 			m.Timestamp.UTC().Format(time.RFC3339), cell(m.Headers.Get(mq.HeaderDeadReason)),
 			cell(m.Headers.Get(mq.HeaderDeadAttempts)), cell(m.Headers.Get(mq.HeaderDeadError)))
-		if f.headers {
-			keys := make([]string, 0, len(m.Headers))
-			for k := range m.Headers {
-				keys = append(keys, k)
-			}
-			slices.Sort(keys)
-			for _, k := range keys {
-				for _, v := range m.Headers[k] {
-					fmt.Fprintf(tw, "\t  %s: %s\n", shown(k), shown(v))
-				}
+	}
+	_ = tw.Flush()
+	// Every cell is one line (shown quotes a newline), so line i+1 is page[i]'s row.
+	lines := strings.SplitAfter(table.String(), "\n")
+	indent := strings.Repeat(" ", strings.Index(lines[0], "TABLE")+2)
+	var out bytes.Buffer
+	out.WriteString(lines[0])
+	for i, m := range page {
+		out.WriteString(lines[i+1])
+		if !f.headers {
+			continue
+		}
+		for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
+			for _, v := range m.Headers[k] {
+				fmt.Fprintf(&out, "%s%s: %s\n", indent, shown(k), shown(v))
 			}
 		}
 	}
-	if err := tw.Flush(); err != nil {
+	if _, err := e.stdout.Write(out.Bytes()); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "%d parked events of %s on this page\n", len(page), tenant)

@@ -159,3 +159,58 @@ func TestDLQListShowsTenantChosenBytesQuotedNotRaw(t *testing.T) {
 		t.Fatalf("dlq ls: the table is not one column: %q", row)
 	}
 }
+
+// TestDLQListHeadersKeepTheRowsAlignedWithTheColumnHeader: -headers wrote each event's
+// header lines, of one cell, into the rows' tabwriter, which ended the columns' block
+// there, so every row after the first was aligned apart from the column header. Each
+// row's cells must start where the column header's names do, and each row's headers
+// follow it.
+func TestDLQListHeadersKeepTheRowsAlignedWithTheColumnHeader(t *testing.T) {
+	e := openEmbedded(t)
+	// The wider table and error come later: a row aligned on its own shifts the columns.
+	parkEvents(t, e, "acme", "a", 1)
+	parkEvents(t, e, "acme", "a-much-longer-table-name", 1)
+	msg := mq.NewMessage(context.Background(), mq.Topic{Tenant: "acme", Table: "mid-table", Scope: "a-long-scope-name"}, []byte("row"))
+	if err := e.DeadLetter(t.Context(), msg, mq.WithHeader(mq.HeaderDeadReason, mq.DeadReasonHandlerFailed),
+		mq.WithHeader(mq.HeaderDeadAttempts, "12345"), mq.WithHeader(mq.HeaderDeadError, "e")); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runArgs(t, "dlq", "ls", "-url", e.ClientURL(), "-tenant", "acme", "-headers")
+	if code != 0 {
+		t.Fatalf("dlq ls -headers: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	lines := strings.Split(stdout, "\n")
+	header := lines[0]
+	var starts []int
+	for _, name := range []string{"TABLE", "SCOPE", "PARKED", "REASON", "ATTEMPTS", "ERROR"} {
+		i := strings.Index(header, name)
+		if i < 1 {
+			t.Fatalf("no column %s in the header %q", name, header)
+		}
+		starts = append(starts, i)
+	}
+	var rows, headersAfterRow int
+	for _, l := range lines[1:] {
+		switch {
+		case l == "" || strings.Contains(l, "parked events of acme on this page"):
+		case l[0] != ' ': // a row: its id first
+			if rows > 0 && headersAfterRow == 0 {
+				t.Errorf("row %d has no header lines under it:\n%s", rows, stdout)
+			}
+			rows, headersAfterRow = rows+1, 0
+			for _, s := range starts {
+				if len(l) <= s || l[s-1] != ' ' || l[s] == ' ' {
+					t.Errorf("row %d: no cell starts at column %d, where the header's does:\n%s\n%s", rows, s, header, l)
+				}
+			}
+		default: // a header line under its row
+			if rows == 0 {
+				t.Errorf("a header line before any row: %q", l)
+			}
+			headersAfterRow++
+		}
+	}
+	if rows != 3 || headersAfterRow == 0 || !strings.Contains(stdout, mq.HeaderDeadAttempts+": 12345") {
+		t.Fatalf("dlq ls -headers: %d rows, want 3 each with its headers under it:\n%s", rows, stdout)
+	}
+}
