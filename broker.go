@@ -255,9 +255,9 @@ type DeadLetterSelector struct {
 type DeadLetterManager interface {
 	// DeadLetters returns a page of tenant's parked events, oldest first, with their
 	// data and headers (the Mq-Dead-* ones the worker's poison policy set included,
-	// no "Nats-" one), and the cursor of the next page, "" after the last (a full
-	// page may be followed by an empty one). An invalid
-	// tenant wraps ErrInvalidTenant; a bad cursor or limit ErrInvalidConfig.
+	// no "Nats-" one), and the cursor of the next page: "" when no parked event of the
+	// tenant (and table) followed the page as it was read. An invalid tenant wraps
+	// ErrInvalidTenant; a bad cursor or limit ErrInvalidConfig.
 	DeadLetters(ctx context.Context, tenant TenantID, q DeadLetterQuery) (page []*Message, next string, err error)
 	// Redrive publishes the selected parked events again, oldest first, each to its
 	// own topic with its own headers but not the Mq-Dead-* ones, and with the

@@ -166,10 +166,12 @@ func (c *natsCore) listDeadLetters(ctx context.Context, tenant TenantID, q DeadL
 		if !belongs(p, tenant, q.Table) {
 			continue
 		}
-		page = append(page, p.msg)
 		if len(page) == limit {
-			return page, strconv.FormatUint(seq, 10), nil
+			// The next page's first event, read ahead: a cursor after a full page
+			// that ended the list led the operator to a page of nothing.
+			return page, strconv.FormatUint(p.seq, 10), nil
 		}
+		page = append(page, p.msg)
 	}
 }
 

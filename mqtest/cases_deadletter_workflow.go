@@ -15,7 +15,7 @@ func deadLetterWorkflowCases() []testCase {
 		{
 			name: "DeadLetterManagerRedrivesByIDWithTheOriginalHeadersAndDeletes",
 			proves: "A broker that implements mq.DeadLetterManager pages a tenant's parks oldest " +
-				"first, redrives one by id to its own topic with its own headers (no " +
+				"first (a page that ends the list gives no next cursor), redrives one by id to its own topic with its own headers (no " +
 				"Mq-Dead-* one), after which it is no longer parked, and deletes the rest; " +
 				"another tenant's park is never touched. Skipped for a broker without the " +
 				"interface.",
@@ -112,6 +112,10 @@ func redriveByIDAndDelete(t *testing.T, h Harness) {
 	rest, last, err := dm.DeadLetters(e.ctx, Acme, mq.DeadLetterQuery{Limit: 2, Cursor: next})
 	require.NoError(t, err)
 	assert.Empty(t, last)
+	whole, after, err := dm.DeadLetters(e.ctx, Acme, mq.DeadLetterQuery{Limit: 3})
+	require.NoError(t, err)
+	assert.Len(t, whole, 3)
+	assert.Empty(t, after, "a full page that ends the list gives no cursor to a page of nothing")
 	page = append(page, rest...)
 	require.Len(t, page, 3)
 	for i, d := range []string{"first", "second", "third"} {

@@ -459,11 +459,11 @@ import "slices"
 //     idempotency key. Hooks: DeadLetters.
 //
 //   - DeadLetterManagerRedrivesByIDWithTheOriginalHeadersAndDeletes: A broker that
-//     implements mq.DeadLetterManager pages a tenant's parks oldest first, redrives one
-//     by id to its own topic with its own headers (no Mq-Dead-* one), after which it is
-//     no longer parked, and deletes the rest; another tenant's park is never touched.
-//     Skipped for a broker without the interface. Publishes: parks on acme/orders and
-//     globex/orders.
+//     implements mq.DeadLetterManager pages a tenant's parks oldest first (a page that
+//     ends the list gives no next cursor), redrives one by id to its own topic with its
+//     own headers (no Mq-Dead-* one), after which it is no longer parked, and deletes
+//     the rest; another tenant's park is never touched. Skipped for a broker without
+//     the interface. Publishes: parks on acme/orders and globex/orders.
 //
 //   - ARedrivenEventKeepsItsMessageID: An event a handler parked (DeadLetter, then Ack)
 //     and a redrive brought back is delivered with the Message.ID of its first

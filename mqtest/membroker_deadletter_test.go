@@ -141,9 +141,9 @@ func (b *memBroker) DeadLetters(ctx context.Context, tenant mq.TenantID, q mq.De
 	if limit == 0 {
 		limit = 100
 	}
-	after, err := strconv.ParseUint(q.Cursor, 10, 64)
+	from, err := strconv.ParseUint(q.Cursor, 10, 64)
 	if q.Cursor == "" {
-		after, err = 0, nil
+		from, err = 0, nil
 	}
 	if err != nil || limit < 0 {
 		return nil, "", fmt.Errorf("mem: dead letters of %s: cursor %q, limit %d: %w", tenant, q.Cursor, q.Limit, mq.ErrInvalidConfig)
@@ -155,13 +155,13 @@ func (b *memBroker) DeadLetters(ctx context.Context, tenant mq.TenantID, q mq.De
 	}
 	var page []*mq.Message
 	for _, ev := range b.parked {
-		if ev.topic.Tenant != tenant || ev.seq <= after || q.Table != "" && ev.topic.Table != q.Table {
+		if ev.topic.Tenant != tenant || ev.seq < from || q.Table != "" && ev.topic.Table != q.Table {
 			continue
 		}
-		page = append(page, ev.message(ctx, 1))
 		if len(page) == limit {
-			return page, strconv.FormatUint(ev.seq, 10), nil
+			return page, strconv.FormatUint(ev.seq, 10), nil // the next page's first
 		}
+		page = append(page, ev.message(ctx, 1))
 	}
 	return page, "", nil
 }
