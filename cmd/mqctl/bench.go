@@ -91,14 +91,14 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	c := commands["bench"]
 	fs := c.flags(e)
 	base := fs.Usage
-	fs.Usage = func() { base(); fmt.Fprint(e.stderr, benchNote) }
+	fs.Usage = func() { base(); fmt.Fprint(fs.Output(), benchNote) }
 	nf := addNATSFlags(fs)
 	events := fs.Int("events", 10000, "events per phase and impl")
 	callers := fs.Int("callers", 32, "concurrent callers in every phase")
 	batch := fs.Int("batch", 100, fmt.Sprintf("events per batch, 1 to %d (an atomic batch's limit)", mq.MaxAtomicBatch))
 	payload := fs.Int("payload", 256, "bytes per event")
 	tenant := fs.String("tenant", "mqctl-bench", "the tenant the events are published under")
-	if code := parse(fs, args); code >= 0 {
+	if code := parse(e, fs, args); code >= 0 {
 		return code
 	}
 	cfg, ok := nf.config(fs)

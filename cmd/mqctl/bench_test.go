@@ -101,8 +101,8 @@ func TestBenchIsListedRefusesBadArgumentsAndItsHelpSaysTheEventsAreReal(t *testi
 			t.Errorf("%v: exit %d, stderr %q; want a usage error", args, code, stderr)
 		}
 	}
-	code, _, stderr := runArgs(t, "bench", "-h")
-	if code != 0 || !strings.Contains(stderr, "-tenant") || !strings.Contains(stderr, "the ingest workers consume them") {
-		t.Fatalf("bench -h: exit %d, stderr:\n%s", code, stderr)
+	code, stdout, _ := runArgs(t, "bench", "-h")
+	if code != 0 || !strings.Contains(stdout, "-tenant") || !strings.Contains(stdout, "the ingest workers consume them") {
+		t.Fatalf("bench -h: exit %d, stdout:\n%s", code, stdout)
 	}
 }

@@ -20,7 +20,7 @@ func runCheck(ctx context.Context, e *env, args []string) int {
 	c := commands["check"]
 	fs := c.flags(e)
 	nf := addNATSFlags(fs)
-	if code := parse(fs, args); code >= 0 {
+	if code := parse(e, fs, args); code >= 0 {
 		return code
 	}
 	cfg, ok := nf.config(fs)

@@ -146,7 +146,7 @@ func runDemo(ctx context.Context, e *env, args []string) int {
 	perTenant := fs.Int("events", 120, "events published per tenant (at least 20)")
 	timeout := fs.Duration("timeout", 60*time.Second, "the whole demo's time limit")
 	verbose := fs.Bool("v", false, "log the broker's debug output to stderr")
-	if code := parse(fs, args); code >= 0 {
+	if code := parse(e, fs, args); code >= 0 {
 		return code
 	}
 	if *perTenant < 20 {

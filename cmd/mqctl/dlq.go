@@ -58,15 +58,14 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 	fs.BoolVar(&f.headers, "headers", false, "ls: print every header of each event")
 	if len(args) == 0 || !slices.Contains([]string{"ls", "redrive", "rm"}, args[0]) {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-			fs.Usage()
-			return 0
+			return help(e, fs)
 		}
 		fmt.Fprintln(e.stderr, "mqctl dlq: the first argument must be ls, redrive or rm")
 		fs.Usage()
 		return 2
 	}
 	sub := args[0]
-	if code := parse(fs, args[1:]); code >= 0 {
+	if code := parse(e, fs, args[1:]); code >= 0 {
 		return code
 	}
 	cfg, ok := f.nats.config(fs)

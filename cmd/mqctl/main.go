@@ -9,6 +9,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -45,29 +46,48 @@ func register(c command) {
 	commands[c.name] = c
 }
 
-// flags returns a FlagSet for c that reports errors (and -h) as a usage error on
-// stderr instead of exiting.
+// flags returns a FlagSet for c that reports a usage error, its usage after it, on
+// stderr instead of exiting; asked-for help goes to stdout (see [parse] and [help]).
 func (c command) flags(e *env) *flag.FlagSet {
 	fs := flag.NewFlagSet("mqctl "+c.name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: mqctl %s %s\n\n%s\n", c.name, c.usage, c.summary)
+		w := fs.Output()
+		fmt.Fprintf(w, "usage: mqctl %s %s\n\n%s\n", c.name, c.usage, c.summary)
 		var hasFlags bool
 		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
 		if hasFlags {
-			fmt.Fprintln(e.stderr, "\nflags:")
+			fmt.Fprintln(w, "\nflags:")
 			fs.PrintDefaults()
 		}
 	}
 	return fs
 }
 
+// help prints fs's usage to stdout and returns exit code 0: asked for (-h), the usage
+// is the command's output, to page or grep, not a complaint.
+func help(e *env, fs *flag.FlagSet) int {
+	fs.SetOutput(e.stdout)
+	fs.Usage()
+	fs.SetOutput(e.stderr)
+	return 0
+}
+
 // parse parses args into fs; it returns the exit code to stop with, or -1 to go on.
-func parse(fs *flag.FlagSet, args []string) int {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
+// Help asked for with -h or -help goes to stdout (exit 0); a usage error and the
+// usage after it go to stderr (exit 2).
+func parse(e *env, fs *flag.FlagSet, args []string) int {
+	// The flag package prints the usage before it says whether help was asked for.
+	var said bytes.Buffer
+	fs.SetOutput(&said)
+	err := fs.Parse(args)
+	fs.SetOutput(e.stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		_, _ = e.stdout.Write(said.Bytes())
+		return 0
+	}
+	if err != nil {
+		_, _ = e.stderr.Write(said.Bytes())
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -30,9 +30,45 @@ func TestUsageListsCommands(t *testing.T) {
 	}
 }
 
+// TestAskedForHelpGoesToStdoutAndAUsageErrorsUsageToStderr: a subcommand's -h went to
+// stderr (so `mqctl dlq -h | less` showed nothing) while `mqctl -h` went to stdout.
+// Help asked for is output, exit 0, for every command; the usage printed after a
+// usage error is a complaint, on stderr with exit 2.
+func TestAskedForHelpGoesToStdoutAndAUsageErrorsUsageToStderr(t *testing.T) {
+	var asked [][]string
+	for name := range commands {
+		for _, h := range []string{"-h", "-help", "--help"} {
+			asked = append(asked, []string{name, h})
+		}
+	}
+	asked = append(asked, []string{"dlq", "ls", "-h"}, []string{"dlq", "rm", "-help"}, []string{"check", "-url", "nats://127.0.0.1:1", "-h"})
+	for _, args := range asked {
+		code, stdout, stderr := runArgs(t, args...)
+		if code != 0 || !strings.HasPrefix(stdout, "usage: mqctl "+args[0]+" ") || stderr != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want the usage on stdout only, exit 0", args, code, stdout, stderr)
+		}
+	}
+	for _, args := range [][]string{{"-h"}, {"help"}} {
+		if code, stdout, stderr := runArgs(t, args...); code != 0 || !strings.Contains(stdout, "commands:") || stderr != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want the command list on stdout only", args, code, stdout, stderr)
+		}
+	}
+	var wrong [][]string
+	for name := range commands {
+		wrong = append(wrong, []string{name, "-no-such-flag"}, []string{name, "extra"})
+	}
+	wrong = append(wrong, []string{"dlq"}, []string{"dlq", "ls", "extra"}, []string{"manifests", "extra"})
+	for _, args := range wrong {
+		code, stdout, stderr := runArgs(t, args...)
+		if code != 2 || stdout != "" || !strings.Contains(stderr, "usage: mqctl "+args[0]+" ") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want the usage on stderr only, exit 2", args, code, stdout, stderr)
+		}
+	}
+}
+
 func TestDemoFlags(t *testing.T) {
-	if code, _, stderr := runArgs(t, "demo", "-h"); code != 0 || !strings.Contains(stderr, "-timeout") {
-		t.Fatalf("demo -h: exit %d, stderr:\n%s", code, stderr)
+	if code, stdout, _ := runArgs(t, "demo", "-h"); code != 0 || !strings.Contains(stdout, "-timeout") {
+		t.Fatalf("demo -h: exit %d, stdout:\n%s", code, stdout)
 	}
 	if code, _, _ := runArgs(t, "demo", "-events", "3"); code != 2 {
 		t.Fatalf("demo -events 3: exit %d, want 2", code)

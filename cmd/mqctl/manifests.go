@@ -40,7 +40,7 @@ func runTopologyWriter(e *env, name string, args []string, write func(io.Writer,
 	fs := commands[name].flags(e)
 	var topo mq.NATSTopology
 	tf := addTopologyFlags(fs, &topo, true)
-	if code := parse(fs, args); code >= 0 {
+	if code := parse(e, fs, args); code >= 0 {
 		return code
 	}
 	if problem := tf.problem(); problem != "" {

@@ -36,7 +36,7 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 	interval := fs.Duration("interval", 2*time.Second, "how often a terminal's table is refreshed")
 	once := fs.Bool("once", false, "print the table once and exit (also when stdout is not a terminal)")
 	listen := fs.Duration("listen", time.Second, "how long each refresh listens for the workers' heartbeats")
-	if code := parse(fs, args); code >= 0 {
+	if code := parse(e, fs, args); code >= 0 {
 		return code
 	}
 	cfg, ok := nf.config(fs)
