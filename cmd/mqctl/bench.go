@@ -92,7 +92,7 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	fs := c.flags(e)
 	base := fs.Usage
 	fs.Usage = func() { base(); fmt.Fprint(fs.Output(), benchNote) }
-	nf := addNATSFlags(fs)
+	nf := addNATSFlags(fs, waitVerifies)
 	events := fs.Int("events", 10000, "events per phase and impl")
 	callers := fs.Int("callers", 32, "concurrent callers in every phase")
 	batch := fs.Int("batch", 100, fmt.Sprintf("events per batch, 1 to %d (an atomic batch's limit)", mq.MaxAtomicBatch))

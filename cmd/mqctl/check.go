@@ -19,7 +19,7 @@ func init() {
 func runCheck(ctx context.Context, e *env, args []string) int {
 	c := commands["check"]
 	fs := c.flags(e)
-	nf := addNATSFlags(fs)
+	nf := addNATSFlags(fs, waitChecks)
 	if code := parse(e, fs, args); code >= 0 {
 		return code
 	}

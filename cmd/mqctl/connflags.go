@@ -21,8 +21,17 @@ type natsFlags struct {
 	topo *topologyFlags
 }
 
-// addNATSFlags registers the connection and topology flags on fs.
-func addNATSFlags(fs *flag.FlagSet) *natsFlags {
+// -wait's help for the commands that wait for the topology to verify (NewNATS) and
+// for check, which verifies it once (CheckNATS): -wait bounds both steps.
+const (
+	waitVerifies = "how long to wait for the connection and then for the topology to verify: " +
+		"a topology that does not match is reported only after this long"
+	waitChecks = "how long to wait for the connection, and then for the one check of the topology to answer"
+)
+
+// addNATSFlags registers the connection and topology flags on fs; waitHelp is -wait's
+// help, waitVerifies or waitChecks.
+func addNATSFlags(fs *flag.FlagSet, waitHelp string) *natsFlags {
 	f := &natsFlags{}
 	cfg := &f.cfg
 	fs.StringVar(&f.urls, "url", "", "server URLs, comma-separated, without credentials (required)")
@@ -35,7 +44,7 @@ func addNATSFlags(fs *flag.FlagSet) *natsFlags {
 	fs.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "client key file")
 	fs.StringVar(&cfg.TLS.ServerName, "tls-server-name", "", "server name to verify")
 	f.topo = addTopologyFlags(fs, &cfg.NATSTopology, false)
-	fs.DurationVar(&cfg.TopologyWait, "wait", 10*time.Second, "how long to wait for the connection")
+	fs.DurationVar(&cfg.TopologyWait, "wait", 10*time.Second, waitHelp)
 	return f
 }
 

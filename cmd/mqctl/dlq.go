@@ -47,7 +47,7 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 	c := commands["dlq"]
 	fs := c.flags(e)
 	var f dlqFlags
-	f.nats = addNATSFlags(fs)
+	f.nats = addNATSFlags(fs, waitVerifies)
 	fs.StringVar(&f.tenant, "tenant", "", "the tenant whose parked events to act on (required)")
 	fs.StringVar(&f.table, "table", "", "only this table's parked events, every scope of it")
 	fs.StringVar(&f.ids, "id", "", "redrive/rm: only these ids, comma-separated, as ls prints them")

@@ -104,3 +104,21 @@ func TestDemo(t *testing.T) {
 		t.Logf("stdout:\n%s", stdout)
 	}
 }
+
+// TestWaitHelpSaysItBoundsTheTopologysVerification: -wait's help said "how long to wait
+// for the connection", yet dlq, status and bench also wait that long for the topology
+// to verify (a topology of other partitions is reported only after -wait).
+func TestWaitHelpSaysItBoundsTheTopologysVerification(t *testing.T) {
+	for _, name := range []string{"dlq", "status", "bench", "check"} {
+		code, stdout, _ := runArgs(t, name, "-h")
+		_, wait, _ := strings.Cut(stdout, "\n  -wait duration\n")
+		wait, _, _ = strings.Cut(wait, "\n")
+		want := "for the topology to verify"
+		if name == "check" {
+			want = "for the one check of the topology"
+		}
+		if code != 0 || !strings.Contains(wait, want) {
+			t.Errorf("%s -h: exit %d, -wait's help %q does not say it waits %s", name, code, wait, want)
+		}
+	}
+}

@@ -32,7 +32,7 @@ const clearScreen = "\x1b[H\x1b[2J"
 func runStatus(ctx context.Context, e *env, args []string) int {
 	c := commands["status"]
 	fs := c.flags(e)
-	nf := addNATSFlags(fs)
+	nf := addNATSFlags(fs, waitVerifies)
 	interval := fs.Duration("interval", 2*time.Second, "how often a terminal's table is refreshed")
 	once := fs.Bool("once", false, "print the table once and exit (also when stdout is not a terminal)")
 	listen := fs.Duration("listen", time.Second, "how long each refresh listens for the workers' heartbeats")
