@@ -144,6 +144,18 @@ func runBench(ctx context.Context, e *env, args []string) int {
 	if !live {
 		fmt.Fprint(e.stdout, header)
 	}
+	// A live table is written before the first phase too, so nothing is published
+	// when the results could not be shown.
+	const results = "the bench's table"
+	if live {
+		var out bytes.Buffer
+		out.WriteString(clearScreen + header)
+		writeBench(&out, nil)
+		_, _ = e.stdout.Write(out.Bytes())
+	}
+	if e.outputLost("mqctl bench", results) {
+		return 1
+	}
 	rows := make([]benchRow, 0, len(phases))
 	for _, ph := range phases {
 		rows = append(rows, benchRow{name: ph.name})
@@ -177,10 +189,16 @@ func runBench(ctx context.Context, e *env, args []string) int {
 				fmt.Fprintf(e.stderr, "mqctl bench: %s, %s: %v\n", ph.name, impl, err)
 				return 1
 			}
+			if e.outputLost("mqctl bench", results) {
+				return 1
+			}
 		}
 	}
 	if !live {
 		writeBench(e.stdout, rows)
+	}
+	if e.outputLost("mqctl bench", results) {
+		return 1
 	}
 	return 0
 }

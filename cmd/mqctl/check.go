@@ -40,7 +40,7 @@ func runCheck(ctx context.Context, e *env, args []string) int {
 		}
 	}
 	fmt.Fprintf(e.stdout, "%d findings, %d required\n", len(findings), required)
-	if required > 0 {
+	if e.outputLost("mqctl check", "the findings") || required > 0 {
 		return 1
 	}
 	return 0

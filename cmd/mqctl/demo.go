@@ -157,11 +157,20 @@ func runDemo(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "mqctl demo: -timeout %s: must be more than 0\n", *timeout)
 		return 2
 	}
+	// A report that could not be written stops the demo at the next step (see step):
+	// nobody sees it go on, and its store is removed on the way out.
+	const report = "the demo's report"
 	if err := demo(ctx, e, *perTenant, *timeout, *verbose); err != nil {
+		if e.outputLost("mqctl demo", report) {
+			return 1
+		}
 		fmt.Fprintf(e.stdout, "\nFAIL: %v\n", err)
 		return 1
 	}
 	fmt.Fprintln(e.stdout, "\nPASS: every count matches")
+	if e.outputLost("mqctl demo", report) {
+		return 1
+	}
 	return 0
 }
 
@@ -414,9 +423,13 @@ func demo(ctx context.Context, e *env, perTenant int, timeout time.Duration, ver
 	return nil
 }
 
-// step runs one phase, printing its name, its detail lines and its time.
+// step runs one phase, printing its name, its detail lines and its time. A write of
+// the report that failed (stdout full, or a pipe its reader closed) ends the demo
+// here, before the phase or after it.
 func (d *demoRun) step(name string, f func() error) error {
-	fmt.Fprintf(d.out, "==> %s\n", name)
+	if _, err := fmt.Fprintf(d.out, "==> %s\n", name); err != nil {
+		return fmt.Errorf("%s: write the report: %w", name, err)
+	}
 	start := time.Now()
 	err := f()
 	took := time.Since(start)
@@ -424,7 +437,9 @@ func (d *demoRun) step(name string, f func() error) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
-	fmt.Fprintf(d.out, "    done in %s\n", round(took))
+	if _, err := fmt.Fprintf(d.out, "    done in %s\n", round(took)); err != nil {
+		return fmt.Errorf("%s: write the report: %w", name, err)
+	}
 	return nil
 }
 

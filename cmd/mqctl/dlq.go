@@ -103,6 +103,9 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 	switch sub {
 	case "ls":
 		err = f.list(ctx, e, b, tenant)
+		if e.outputLost("mqctl dlq ls", "the page of parked events") {
+			return 1
+		}
 		if errors.Is(err, mq.ErrInvalidConfig) { // the library read -limit or -cursor
 			fmt.Fprintf(e.stderr, "mqctl dlq ls: %v\n", err)
 			return 2
@@ -124,6 +127,10 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 	}
 	if done != "" {
 		fmt.Fprintln(e.stdout, done)
+		// Done all the same: stderr says what, since stdout could not.
+		if e.outputLost("mqctl dlq "+sub, strconv.Quote(done)) {
+			return 1
+		}
 	}
 	return 0
 }
@@ -181,7 +188,7 @@ func (f *dlqFlags) selector(sub string) (mq.DeadLetterSelector, string) {
 }
 
 // list prints one page of the tenant's parked events and, when more follow, the
-// cursor of the next.
+// cursor of the next. Its error is the query's.
 func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, tenant mq.TenantID) error {
 	page, next, err := b.DeadLetters(ctx, tenant, mq.DeadLetterQuery{Table: f.table, Limit: f.limit, Cursor: f.cursor})
 	if err != nil {
@@ -216,9 +223,7 @@ func (f *dlqFlags) list(ctx context.Context, e *env, b mq.DeadLetterManager, ten
 			}
 		}
 	}
-	if _, err := e.stdout.Write(out.Bytes()); err != nil {
-		return err
-	}
+	_, _ = e.stdout.Write(out.Bytes()) // a failed write is the caller's to see, in e.outputLost
 	fmt.Fprintf(e.stdout, "%d parked events of %s on this page\n", len(page), tenant)
 	if next != "" {
 		fmt.Fprintf(e.stdout, "next page: -cursor %s\n", next)

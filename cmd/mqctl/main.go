@@ -19,11 +19,13 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 )
 
 // command is one subcommand. run parses its own flags (see [command.flags]) and
-// returns the process exit code: 0 success, 1 failure, 2 a usage error.
+// returns the process exit code: 0 success, 1 failure, 2 a usage error. Its output
+// lost (a write to stdout failed) is a failure too, see [env.outputLost].
 type command struct {
 	name    string
 	summary string // one line for the command list
@@ -31,9 +33,55 @@ type command struct {
 	run     func(ctx context.Context, env *env, args []string) int
 }
 
-// env is what a command writes to.
+// env is what a command writes to. [run] makes stdout an [*output].
 type env struct {
 	stdout, stderr io.Writer
+}
+
+// output is a command's stdout as [run] hands it over. It remembers the first write
+// that failed (a full disk, a closed pipe) and fails every write after it, so what
+// reaches stdout is a whole prefix of the output, never one with a gap.
+type output struct {
+	mu       sync.Mutex
+	w        io.Writer
+	err      error
+	reported bool
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	o.err = err
+	return n, err
+}
+
+// outputLost reports whether a write to stdout failed; the first time it is asked
+// after one did, it says on stderr what could not be written, prefixed by who (as
+// "mqctl check"). A command whose output is lost exits 1: its output is what it was
+// run for, and the caller would otherwise take a partial or empty result for a
+// whole one.
+func (e *env) outputLost(who, what string) bool {
+	o, ok := e.stdout.(*output)
+	if !ok {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.err == nil {
+		return false
+	}
+	if !o.reported {
+		o.reported = true
+		fmt.Fprintf(e.stderr, "%s: could not write %s to stdout: %v\n", who, what, o.err)
+	}
+	return true
 }
 
 var commands = map[string]command{}
@@ -70,6 +118,9 @@ func help(e *env, fs *flag.FlagSet) int {
 	fs.SetOutput(e.stdout)
 	fs.Usage()
 	fs.SetOutput(e.stderr)
+	if e.outputLost(fs.Name(), "the help") {
+		return 1
+	}
 	return 0
 }
 
@@ -84,6 +135,9 @@ func parse(e *env, fs *flag.FlagSet, args []string) int {
 	fs.SetOutput(e.stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		_, _ = e.stdout.Write(said.Bytes())
+		if e.outputLost(fs.Name(), "the help") {
+			return 1
+		}
 		return 0
 	}
 	if err != nil {
@@ -131,6 +185,7 @@ func usage(w io.Writer) {
 
 // run dispatches args (without the program name) and returns the exit code.
 func run(ctx context.Context, e *env, args []string) int {
+	e = &env{stdout: &output{w: e.stdout}, stderr: e.stderr}
 	if len(args) == 0 {
 		usage(e.stderr)
 		return 2
@@ -138,6 +193,9 @@ func run(ctx context.Context, e *env, args []string) int {
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
 		usage(e.stdout)
+		if e.outputLost("mqctl", "the help") {
+			return 1
+		}
 		return 0
 	}
 	c, ok := commands[args[0]]
@@ -146,7 +204,12 @@ func run(ctx context.Context, e *env, args []string) int {
 		usage(e.stderr)
 		return 2
 	}
-	return c.run(ctx, e, args[1:])
+	code := c.run(ctx, e, args[1:])
+	// Each command says what it could not write; this is for one that did not look.
+	if e.outputLost("mqctl "+c.name, "its output") {
+		return 1
+	}
+	return code
 }
 
 func main() {

@@ -48,7 +48,11 @@ func runTopologyWriter(e *env, name string, args []string, write func(io.Writer,
 		fs.Usage()
 		return 2
 	}
-	if err := write(e.stdout, topo); err != nil {
+	err := write(e.stdout, topo)
+	if e.outputLost("mqctl "+name, "the "+name) {
+		return 1
+	}
+	if err != nil { // the library refused the topology before writing anything
 		fmt.Fprintf(e.stderr, "mqctl %s: %v\n", name, err)
 		return 2
 	}

@@ -69,7 +69,11 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 			fmt.Fprintf(&out, "%s  every %s  (Ctrl-C to stop)\n\n", time.Now().Format(time.TimeOnly), *interval)
 		}
 		writeStatus(&out, s)
-		if _, err := e.stdout.Write(out.Bytes()); err != nil || !live {
+		_, _ = e.stdout.Write(out.Bytes())
+		if e.outputLost("mqctl status", "the status table") {
+			return 1
+		}
+		if !live {
 			return 0
 		}
 		select {
@@ -83,6 +87,9 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 // isTerminal reports whether w is a character device, which a terminal is and a pipe
 // or file is not.
 func isTerminal(w io.Writer) bool {
+	if o, ok := w.(*output); ok {
+		w = o.w
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
