@@ -213,6 +213,7 @@ func run(ctx context.Context, e *env, args []string) int {
 }
 
 func main() {
+	failWritesToAClosedPipe()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:])
 	stop()

@@ -3,10 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
 )
+
+// TestMain runs mqctl's main instead of the tests when MQCTL_TEST_MAIN is 1, so a test
+// can run a command as a child process, as an operator's shell does (see
+// runChild).
+func TestMain(m *testing.M) {
+	if os.Getenv("MQCTL_TEST_MAIN") == "1" {
+		main() // exits
+	}
+	os.Exit(m.Run())
+}
 
 func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()

@@ -1,0 +1,77 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// startChild starts mqctl with args as a child process (see TestMain) whose stdout is
+// w and whose temporary directory is tmp; stderr is collected.
+func startChild(t *testing.T, w *os.File, tmp string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "MQCTL_TEST_MAIN=1", "TMPDIR="+tmp)
+	cmd.Stdout = w
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, &stderr
+}
+
+// TestDemoIntoAClosedPipeEndsAsAFailedWriteAndRemovesItsStore: `mqctl demo | head -1`
+// was killed by SIGPIPE (exit 141) and left its store /tmp/mqctl-demo-* behind. A
+// closed stdout now ends the demo as an output that could not be written: exit 1,
+// said on stderr, and the store removed, whether the reader was gone before the first
+// line or left after it, as head -1 does.
+func TestDemoIntoAClosedPipeEndsAsAFailedWriteAndRemovesItsStore(t *testing.T) {
+	for _, afterFirstLine := range []bool{false, true} {
+		tmp := t.TempDir()
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !afterFirstLine {
+			_ = r.Close() // `mqctl demo | true`: nobody reads, from the start
+		}
+		cmd, stderr := startChild(t, w, tmp, "demo", "-events", "20")
+		_ = w.Close()
+		if afterFirstLine {
+			// head -1: read one line, then go. The demo goes on for its workers and
+			// its summary, so it writes again into the closed pipe.
+			line, err := bufio.NewReader(r).ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "==> ") {
+				t.Errorf("the demo's first line: %q, %v", line, err)
+			}
+			_ = r.Close()
+		}
+		err = cmd.Wait()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			if exit != nil {
+				if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+					t.Errorf("after first line %t: the demo was killed by %v", afterFirstLine, ws.Signal())
+				}
+			}
+			t.Errorf("after first line %t: the demo ended with %v, want exit status 1\nstderr:\n%s", afterFirstLine, err, stderr)
+		}
+		if !strings.Contains(stderr.String(), "mqctl demo: could not write the demo's report to stdout: ") ||
+			!strings.Contains(stderr.String(), "broken pipe") {
+			t.Errorf("after first line %t: stderr does not say the report met a broken pipe:\n%s", afterFirstLine, stderr)
+		}
+		left, err := filepath.Glob(filepath.Join(tmp, "mqctl-demo-*"))
+		if err != nil || len(left) > 0 {
+			t.Errorf("after first line %t: the demo left %v behind (%v)", afterFirstLine, left, err)
+		}
+	}
+}
