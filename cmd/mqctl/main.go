@@ -77,10 +77,12 @@ func (e *env) outputLost(who, what string) bool {
 	if o.err == nil {
 		return false
 	}
-	if !o.reported {
-		o.reported = true
+	// A reader that left (`mqctl dlq ls … | head`) did so on purpose: said on
+	// stderr, it was noise under every such pipe.
+	if !o.reported && !errors.Is(o.err, syscall.EPIPE) {
 		fmt.Fprintf(e.stderr, "%s: could not write %s to stdout: %v\n", who, what, o.err)
 	}
+	o.reported = true
 	return true
 }
 

@@ -32,7 +32,7 @@ func startChild(t *testing.T, w *os.File, tmp string, args ...string) (*exec.Cmd
 // TestDemoIntoAClosedPipeEndsAsAFailedWriteAndRemovesItsStore: `mqctl demo | head -1`
 // was killed by SIGPIPE (exit 141) and left its store /tmp/mqctl-demo-* behind. A
 // closed stdout now ends the demo as an output that could not be written: exit 1,
-// said on stderr, and the store removed, whether the reader was gone before the first
+// quietly (the reader left on purpose), and the store removed, whether the reader was gone before the first
 // line or left after it, as head -1 does.
 func TestDemoIntoAClosedPipeEndsAsAFailedWriteAndRemovesItsStore(t *testing.T) {
 	for _, afterFirstLine := range []bool{false, true} {
@@ -65,9 +65,8 @@ func TestDemoIntoAClosedPipeEndsAsAFailedWriteAndRemovesItsStore(t *testing.T) {
 			}
 			t.Errorf("after first line %t: the demo ended with %v, want exit status 1\nstderr:\n%s", afterFirstLine, err, stderr)
 		}
-		if !strings.Contains(stderr.String(), "mqctl demo: could not write the demo's report to stdout: ") ||
-			!strings.Contains(stderr.String(), "broken pipe") {
-			t.Errorf("after first line %t: stderr does not say the report met a broken pipe:\n%s", afterFirstLine, stderr)
+		if strings.Contains(stderr.String(), "could not write") {
+			t.Errorf("after first line %t: a reader that left on purpose is reported as an error:\n%s", afterFirstLine, stderr)
 		}
 		left, err := filepath.Glob(filepath.Join(tmp, "mqctl-demo-*"))
 		if err != nil || len(left) > 0 {
