@@ -51,6 +51,7 @@ type ExternalNATS struct {
 	// re-check's, or a publish's that found its stream gone); else what was found.
 	topologyErr atomic.Pointer[error]
 	closedCh    chan struct{}
+	dialErr     atomic.Pointer[error] // the last failed attempt to connect (see dial)
 
 	watchCancel context.CancelFunc
 	watchDone   chan struct{}
@@ -494,10 +495,26 @@ func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, e *ExternalNA
 		case <-wctx.Done():
 		}
 		lastErr := nc.LastError()
+		if p := e.dialErr.Load(); lastErr == nil && p != nil {
+			lastErr = *p
+		}
 		e.abandon(nc)
+		if refusedCredentials(lastErr) {
+			// Refused once, and the wait ended before nats.go tried again (its
+			// reconnect wait is 2 s): said as it is, not as a server out of reach.
+			return nil, fmt.Errorf("%w: nats config: %s refused the credentials: %w", ErrInvalidConfig, redactURLs(cfg.URLs), nats.ErrAuthorization)
+		}
 		return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr, ctx.Err())
 	}
 	return nc, nil
+}
+
+// refusedCredentials reports whether err is a server's refusal of the credentials. A
+// refusal of the first connect comes as the server's text, not as
+// nats.ErrAuthorization, which nats.go too recognises by its text.
+func refusedCredentials(err error) bool {
+	return err != nil && (errors.Is(err, nats.ErrAuthorization) ||
+		strings.Contains(strings.ToLower(err.Error()), "authorization violation"))
 }
 
 // DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].

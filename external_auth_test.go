@@ -334,14 +334,20 @@ func TestNewNATS_CredentialsTheServerRefusesAreInvalidConfigNotUnavailable(t *te
 	t.Parallel()
 	url := authServer(t, &server.Options{Users: []*server.User{{Username: "app", Password: "right-one"}}},
 		nats.UserInfo("app", "right-one")).ClientURL()
-	for name, user := range map[string]struct{ user, password string }{
-		"a wrong password": {"app", "wrong-secret"},
-		"an unknown user":  {"nobody", "wrong-secret"},
+	for name, user := range map[string]struct {
+		user, password string
+		wait           time.Duration
+	}{
+		"a wrong password": {"app", "wrong-secret", time.Hour},
+		"an unknown user":  {"nobody", "wrong-secret", time.Hour},
+		// A wait shorter than nats.go's reconnect wait ends before its second try:
+		// the one refusal was reported as a server out of reach, without a reason.
+		"a wrong password and a short wait": {"app", "wrong-secret", 300 * time.Millisecond},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			cfg := authConfig(url)
-			cfg.TopologyWait = time.Hour
+			cfg.TopologyWait = user.wait
 			cfg.User, cfg.PasswordFile = user.user, writeFile(t, "pw", []byte(user.password))
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()

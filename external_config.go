@@ -201,6 +201,9 @@ func (c NATSConfig) options(e *ExternalNATS) ([]nats.Option, error) {
 			e.log.Info("mq: reconnected to nats", "url", redactURL(nc.ConnectedUrl()))
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { e.connected.Store(false); close(e.closedCh) }),
+		// The first connect's failure reaches only this handler: nats.go clears
+		// LastError as it starts retrying. dial reads it when the wait ends first.
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { e.dialErr.Store(&err) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
 			if sub != nil {
