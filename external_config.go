@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -124,11 +125,52 @@ func (c NATSConfig) checkConnection() error {
 		if path == "" {
 			continue
 		}
-		if _, err := os.Stat(path); err != nil {
+		if err := checkSecretFile(path); err != nil {
 			return fmt.Errorf("nats config: %s: %w", what, err)
 		}
 	}
 	return nil
+}
+
+// maxSecretFile is the most a secret or TLS file may hold: a creds file is about 1 KiB,
+// a CA bundle rarely beyond 300 KiB.
+const maxSecretFile = 1 << 20
+
+// checkSecretFile refuses a path that is not a regular file of at most maxSecretFile
+// bytes. nats.go reads creds, nkey and TLS files again at every reconnect, which a pipe
+// cannot serve; and a device or pipe given by mistake ran the process out of memory
+// (/dev/zero) or blocked it in open for good, deaf to Ctrl-C (a FIFO without writer).
+func checkSecretFile(path string) error {
+	fi, err := os.Stat(path) // follows links: a mounted Kubernetes secret is one
+	if err != nil {
+		return err
+	}
+	switch {
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
+	case fi.Size() > maxSecretFile:
+		return fmt.Errorf("%s holds %d bytes, more than such a file does (at most %d)", path, fi.Size(), maxSecretFile)
+	}
+	return nil
+}
+
+// readSecretFile reads path as checkSecretFile allows, its size bounded in the read
+// too: the file may have been replaced since the check.
+func readSecretFile(path string) ([]byte, error) {
+	if err := checkSecretFile(path); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	contents, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	if err == nil && len(contents) > maxSecretFile {
+		clear(contents)
+		err = fmt.Errorf("%s holds more than %d bytes, more than such a file does", path, maxSecretFile)
+	}
+	return contents, err
 }
 
 // redactURL returns s fit for an error or a log: any userinfo (a token, a user, a
@@ -228,7 +270,7 @@ func (c NATSConfig) options(e *ExternalNATS) ([]nats.Option, error) {
 		}
 		opts = append(opts, opt)
 	case c.User != "":
-		pw, err := os.ReadFile(c.PasswordFile)
+		pw, err := readSecretFile(c.PasswordFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: nats config: password file: %w", ErrInvalidConfig, err)
 		}
@@ -297,7 +339,7 @@ func credsOption(path string) (nats.Option, error) {
 // connects as that key without its JWT, which an operator-mode server refuses only
 // after the dial and without a word about which file was wrong.
 func nkeyOption(path string) (nats.Option, error) {
-	contents, err := os.ReadFile(path)
+	contents, err := readSecretFile(path)
 	if err != nil {
 		return nil, err
 	}
