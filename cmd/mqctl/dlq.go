@@ -128,7 +128,7 @@ func runDLQ(ctx context.Context, e *env, args []string) int {
 	if done != "" {
 		fmt.Fprintln(e.stdout, done)
 		// Done all the same: stderr says what, since stdout could not.
-		if e.outputLost("mqctl dlq "+sub, strconv.Quote(done)) {
+		if e.doneLost("mqctl dlq "+sub, strconv.Quote(done)) {
 			return 1
 		}
 	}

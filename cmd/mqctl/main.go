@@ -64,10 +64,26 @@ func (o *output) Write(p []byte) (int, error) {
 
 // outputLost reports whether a write to stdout failed; the first time it is asked
 // after one did, it says on stderr what could not be written, prefixed by who (as
-// "mqctl check"). A command whose output is lost exits 1: its output is what it was
-// run for, and the caller would otherwise take a partial or empty result for a
+// "mqctl check"), unless the reader of a pipe left (`mqctl dlq ls … | head`), which
+// it did on purpose. A command whose output is lost exits 1: its output is what it
+// was run for, and the caller would otherwise take a partial or empty result for a
 // whole one.
-func (e *env) outputLost(who, what string) bool {
+func (e *env) outputLost(who, what string) bool { return e.lost(who, what, false) }
+
+// doneLost is outputLost for the report of work already done (a redrive, a removal):
+// said on stderr even when the reader left, or the operator could not tell whether
+// anything changed.
+func (e *env) doneLost(who, what string) bool { return e.lost(who, what, true) }
+
+// helped is the exit code after help written to stdout: 0, or 1 if it was lost.
+func (e *env) helped(who string) int {
+	if e.outputLost(who, "the help") {
+		return 1
+	}
+	return 0
+}
+
+func (e *env) lost(who, what string, always bool) bool {
 	o, ok := e.stdout.(*output)
 	if !ok {
 		return false
@@ -77,9 +93,7 @@ func (e *env) outputLost(who, what string) bool {
 	if o.err == nil {
 		return false
 	}
-	// A reader that left (`mqctl dlq ls … | head`) did so on purpose: said on
-	// stderr, it was noise under every such pipe.
-	if !o.reported && !errors.Is(o.err, syscall.EPIPE) {
+	if !o.reported && (always || !readerGone(o.err)) {
 		fmt.Fprintf(e.stderr, "%s: could not write %s to stdout: %v\n", who, what, o.err)
 	}
 	o.reported = true
@@ -120,10 +134,7 @@ func help(e *env, fs *flag.FlagSet) int {
 	fs.SetOutput(e.stdout)
 	fs.Usage()
 	fs.SetOutput(e.stderr)
-	if e.outputLost(fs.Name(), "the help") {
-		return 1
-	}
-	return 0
+	return e.helped(fs.Name())
 }
 
 // parse parses args into fs; it returns the exit code to stop with, or -1 to go on.
@@ -137,10 +148,7 @@ func parse(e *env, fs *flag.FlagSet, args []string) int {
 	fs.SetOutput(e.stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		_, _ = e.stdout.Write(said.Bytes())
-		if e.outputLost(fs.Name(), "the help") {
-			return 1
-		}
-		return 0
+		return e.helped(fs.Name())
 	}
 	if err != nil {
 		_, _ = e.stderr.Write(said.Bytes())
@@ -195,10 +203,7 @@ func run(ctx context.Context, e *env, args []string) int {
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
 		usage(e.stdout)
-		if e.outputLost("mqctl", "the help") {
-			return 1
-		}
-		return 0
+		return e.helped("mqctl")
 	}
 	c, ok := commands[args[0]]
 	if !ok {

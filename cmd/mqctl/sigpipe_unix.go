@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"os/signal"
 	"syscall"
 )
@@ -13,3 +14,6 @@ import (
 // (exit 1, said on stderr), and the demo removes its temporary store on the way out,
 // as it does on SIGINT.
 func failWritesToAClosedPipe() { signal.Ignore(syscall.SIGPIPE) }
+
+// readerGone reports whether err is a write into a pipe whose reader left.
+func readerGone(err error) bool { return errors.Is(err, syscall.EPIPE) }

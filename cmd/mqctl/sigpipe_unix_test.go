@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // startChild starts mqctl with args as a child process (see TestMain) whose stdout is
@@ -72,5 +74,36 @@ func TestDemoIntoAClosedPipeEndsAsAFailedWriteAndRemovesItsStore(t *testing.T) {
 		if err != nil || len(left) > 0 {
 			t.Errorf("after first line %t: the demo left %v behind (%v)", afterFirstLine, left, err)
 		}
+	}
+}
+
+// readerLeft is a stdout whose reader left: every write fails with EPIPE, as one into
+// `| head` does once head exited.
+type readerLeft struct{}
+
+func (readerLeft) Write([]byte) (int, error) {
+	return 0, &os.PathError{Op: "write", Path: "/dev/stdout", Err: syscall.EPIPE}
+}
+
+// TestAReaderThatLeftSilencesTheListButNotWhatARedriveDid: `dlq ls | head` says
+// nothing of the rest it could not write (the reader left on purpose), but a redrive
+// whose report met the same pipe still says on stderr what it did, or the operator
+// could not tell whether the events moved.
+func TestAReaderThatLeftSilencesTheListButNotWhatARedriveDid(t *testing.T) {
+	e := openEmbedded(t)
+	parkEvents(t, e, "acme", "orders", 2)
+	url := e.ClientURL()
+	run1 := func(args ...string) (int, string) {
+		var errOut bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		return run(ctx, &env{stdout: readerLeft{}, stderr: &errOut}, args), errOut.String()
+	}
+	if code, stderr := run1("dlq", "ls", "-url", url, "-tenant", "acme"); code != 1 || stderr != "" {
+		t.Errorf("dlq ls into a pipe whose reader left: exit %d, stderr %q; want exit 1 and nothing said", code, stderr)
+	}
+	code, stderr := run1("dlq", "redrive", "-url", url, "-tenant", "acme", "-all")
+	if code != 1 || !strings.Contains(stderr, `could not write "redrove 2 parked events of acme"`) {
+		t.Errorf("dlq redrive into a pipe whose reader left: exit %d, stderr %q; want exit 1 saying what it did", code, stderr)
 	}
 }
