@@ -51,7 +51,9 @@ type ExternalNATS struct {
 	// re-check's, or a publish's that found its stream gone); else what was found.
 	topologyErr atomic.Pointer[error]
 	closedCh    chan struct{}
-	dialErr     atomic.Pointer[error] // the last failed attempt to connect (see dial)
+	// dialErr is the last failed attempt to connect, kept for the broker's life but
+	// read by dial alone, for a first connect that failed.
+	dialErr atomic.Pointer[error]
 
 	watchCancel context.CancelFunc
 	watchDone   chan struct{}
@@ -489,8 +491,8 @@ func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, e *ExternalNA
 			// server says "Authorization Violation" for wrong credentials, and also
 			// when an auth callout or an account resolver did not answer: the error
 			// wraps nats.ErrAuthorization, for a host that tells them apart.
-			if lastErr := nc.LastError(); errors.Is(lastErr, nats.ErrAuthorization) {
-				return nil, fmt.Errorf("%w: nats config: %s refused the credentials: %w", ErrInvalidConfig, redactURLs(cfg.URLs), lastErr)
+			if err := refusedCredentials(cfg.URLs, nc.LastError()); err != nil {
+				return nil, err
 			}
 		case <-wctx.Done():
 		}
@@ -499,22 +501,37 @@ func dial(ctx context.Context, cfg NATSConfig, opts []nats.Option, e *ExternalNA
 			lastErr = *p
 		}
 		e.abandon(nc)
-		if refusedCredentials(lastErr) {
-			// Refused once, and the wait ended before nats.go tried again (its
-			// reconnect wait is 2 s): said as it is, not as a server out of reach.
-			return nil, fmt.Errorf("%w: nats config: %s refused the credentials: %w", ErrInvalidConfig, redactURLs(cfg.URLs), nats.ErrAuthorization)
+		// Refused once, and the wait ended before nats.go tried again (its reconnect
+		// wait is 2 s): said as a refusal, not as a server out of reach. A callout
+		// that did not answer is refused in the same words, but the wait is over
+		// either way, and a wrong credential is the likelier.
+		if err := refusedCredentials(cfg.URLs, lastErr); err != nil {
+			return nil, err
 		}
 		return nil, errors.Join(fmt.Errorf("%w: not connected to %s", ErrUnavailable, redactURLs(cfg.URLs)), lastErr, ctx.Err())
 	}
 	return nc, nil
 }
 
-// refusedCredentials reports whether err is a server's refusal of the credentials. A
-// refusal of the first connect comes as the server's text, not as
-// nats.ErrAuthorization, which nats.go too recognises by its text.
-func refusedCredentials(err error) bool {
-	return err != nil && (errors.Is(err, nats.ErrAuthorization) ||
-		strings.Contains(strings.ToLower(err.Error()), "authorization violation"))
+// refusedCredentials is the error for err, a server's refusal of the credentials at
+// urls, or nil when err is none. It wraps nats.ErrAuthorization: a refusal of the first
+// connect comes as the server's text alone (nats.go too recognises it by the text),
+// and that text is nats.ErrAuthorization's.
+func refusedCredentials(urls []string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, nats.ErrAuthorization):
+		said := err.Error()
+		if !strings.Contains(strings.ToLower(said), "authorization violation") {
+			return nil
+		}
+		err = nats.ErrAuthorization
+		if said != err.Error() {
+			err = fmt.Errorf("%w (the server said %q)", err, said)
+		}
+	}
+	return fmt.Errorf("%w: nats config: %s refused the credentials: %w", ErrInvalidConfig, redactURLs(urls), err)
 }
 
 // DeadLetters pages tenant's parked events, oldest first; see [DeadLetterManager].
