@@ -315,7 +315,8 @@ func (c *natsCore) requestOnSlot(ctx context.Context, msg *nats.Msg) (*jetstream
 // may or may not be stored, so it is sent again with the same id.
 func noAnswer(err error) bool {
 	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout)
 }
 
 // mapPublishError maps a publish failure onto the contract's sentinels. The server

@@ -5,6 +5,7 @@ package mq
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -165,4 +166,36 @@ func TestEmbeddedNATS_CloseUnderConcurrentPublishesEndsEachWithSuccessOrErrClose
 		t.Fatal("a publish still runs after Close")
 	}
 	assert.Equal(t, 32, refused)
+}
+
+// A pipelined batch on a congested link: nats.go's own timer for each async publish
+// starts as the event is sent and the library's only after the last, so answers held
+// longer than PublishTimeout ended as nats.go's "timeout waiting for ack", which no
+// sentinel wrapped and nothing retried. A host that retries on ErrUnavailable dropped
+// the batch. Now it is a lost answer: sent again with its id, and, if still lost,
+// ErrUnavailable.
+func TestPublishBatch_AnAnswerHeldPastNatsGosOwnTimeoutIsRetriedOrUnavailable(t *testing.T) {
+	t.Parallel()
+	_, p, e := proxiedBroker(t, time.Second)
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<30))
+	batch := Batch{Tenant: "acme"}
+	for i := range 200 {
+		batch.Events = append(batch.Events, BatchEvent{Table: "t", Data: make([]byte, 64<<10),
+			Options: []PublishOpt{WithIdempotencyKey("row-" + strconv.Itoa(i))}})
+	}
+	p.holdFromClient()
+	time.AfterFunc(3*time.Second, p.release)
+	if err := e.PublishBatch(ctx, batch); err != nil {
+		require.ErrorIs(t, err, ErrUnavailable, "a lost answer is retryable")
+	}
+	// The retry a host makes on ErrUnavailable stores each event once.
+	require.Eventually(t, func() bool { return e.PublishBatch(ctx, batch) == nil }, time.Minute, 100*time.Millisecond)
+	var stored uint64
+	for pn := range e.topo.Partitions {
+		info, err := e.js.Stream(ctx, e.topo.PartitionStream(pn))
+		require.NoError(t, err)
+		stored += info.CachedInfo().State.Msgs
+	}
+	require.EqualValues(t, 200, stored, "each event once")
 }
