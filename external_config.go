@@ -227,6 +227,12 @@ func (c NATSConfig) options(e *ExternalNATS) ([]nats.Option, error) {
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(reconnectWait),
+		// No reconnect buffer: what is published while the connection is down fails
+		// at once. nats.go's buffer sent it after the reconnect, behind events lost
+		// with the old socket, so a batch cut by a disconnect and retried stored a
+		// tenant's events out of order (a host's walkthrough saw rows 84-149 before
+		// 0-83). A publish that fails is sent again by its caller, in order.
+		nats.ReconnectBufSize(-1),
 		nats.PingInterval(pingInterval),
 		nats.MaxPingsOutstanding(maxPingsOut),
 		nats.DrainTimeout(drainTimeout),

@@ -164,6 +164,7 @@ func (c *natsCore) mapRequestError(what string, err error) error {
 	case errors.Is(err, context.Canceled):
 		return fmt.Errorf("%s: %w", what, err)
 	case noAnswer(err), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrReconnectBufExceeded),
 		errors.Is(err, nats.ErrConnectionDraining), errors.Is(err, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
 	}

@@ -246,6 +246,7 @@ func lostInTransit(err error) bool {
 func transient(err error) bool {
 	var apiErr *jetstream.APIError
 	return noAnswer(err) || errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) || // sent while reconnecting: ExternalNATS keeps no buffer
 		(errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrClusterNotAvailCode)
 }
 
