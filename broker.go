@@ -145,7 +145,10 @@ type ConsumerConfig struct {
 	// HeaderDeadReason), and acknowledge it. Only a failure parks: an event that comes
 	// back unsettled (held, ack wait run out, a process that died in the handler)
 	// is handed to the handler again, whose Message.Attempt says how often it came.
-	// Default 10; negative never parks.
+	// Deliveries are counted as the broker counts them: one a stop or a handover gave
+	// back before any handler saw it counts too, so after such a hand-back an event
+	// may be parked after fewer failures than MaxDeliveries. Default 10; negative
+	// never parks.
 	MaxDeliveries int
 	// RetryDelay is how long a failed event (a handler error or panic) waits before
 	// its next delivery; each further failure doubles it, up to MaxRetryDelay (itself
