@@ -36,7 +36,7 @@ func (d *dispatcher) keepAlive() {
 			// event held behind a 900 ms call under a 400 ms ack wait came twice).
 			// The tick after the reset is due period after last, for the stall check.
 			d.mu.Lock()
-			next := d.keepAlivePeriod()
+			next := d.tickPeriod()
 			d.mu.Unlock()
 			if since := time.Since(last); next < period-since {
 				period = since + next
@@ -59,7 +59,7 @@ func (d *dispatcher) keepAlive() {
 			d.stalled(elapsed - period)
 		}
 		last = now
-		period = d.keepAlivePeriod()
+		period = d.tickPeriod()
 		tick.Reset(period)
 		for _, u := range d.units {
 			if b := u.backlog; b != nil && b.over(now) {
@@ -112,9 +112,9 @@ func (d *dispatcher) keepAlive() {
 	}
 }
 
-// keepAlivePeriod is keepAlivePeriod, or a sixth of the shortest ack wait of the
+// tickPeriod is keepAlivePeriod, or a sixth of the shortest ack wait of the
 // partitions taken, never less than minKeepAlivePeriod. Called with d.mu held.
-func (d *dispatcher) keepAlivePeriod() time.Duration {
+func (d *dispatcher) tickPeriod() time.Duration {
 	period := keepAlivePeriod
 	for _, u := range d.units {
 		if u.ackWait > 0 {
