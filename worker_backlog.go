@@ -141,9 +141,12 @@ func (b *backlog) over(now time.Time) bool {
 	return now.After(b.until) || (b.tenants == nil && now.Sub(b.lastAt) > backlogQuiet)
 }
 
-// backlogHolds reports whether partition u's backlog holds lane l. Called with
-// dispatcher.mu held.
-func (u *unit) backlogHolds(l *lane) bool {
+// holds reports whether partition u holds lane l: for its backlog, or for an event of
+// its tenant lost in transit. Called with dispatcher.mu held.
+func (u *unit) holds(l *lane) bool {
+	if u.lost != nil && len(u.lost.tenants[l.tenant]) > 0 {
+		return true
+	}
 	b := u.backlog
 	if b == nil {
 		return false

@@ -21,15 +21,15 @@ func heldBacklog(want int, noted map[TenantID][]uint64) (*dispatcher, *unit) {
 func TestBacklog_HoldsOnlyTheTenantsWithANotedEventStillToCome(t *testing.T) {
 	d, u := heldBacklog(3, map[TenantID][]uint64{"acme": {4, 7}, "globex": {5}})
 	acme, globex, other := &lane{tenant: "acme"}, &lane{tenant: "globex"}, &lane{tenant: "initech"}
-	assert.True(t, u.backlogHolds(acme))
-	assert.True(t, u.backlogHolds(globex))
-	assert.False(t, u.backlogHolds(other), "a tenant with nothing noted goes on")
+	assert.True(t, u.holds(acme))
+	assert.True(t, u.holds(globex))
+	assert.False(t, u.holds(other), "a tenant with nothing noted goes on")
 
 	d.backlogArrived(u, "globex", 5)
-	assert.False(t, u.backlogHolds(globex), "globex's one noted event arrived")
+	assert.False(t, u.holds(globex), "globex's one noted event arrived")
 	d.backlogArrived(u, "acme", 9) // a new event: acme still waits for 4 and 7
 	d.backlogArrived(u, "acme", 7)
-	assert.True(t, u.backlogHolds(acme), "acme's 4 is still to come")
+	assert.True(t, u.holds(acme), "acme's 4 is still to come")
 	d.backlogArrived(u, "acme", 4)
 	assert.Nil(t, u.backlog, "every noted event arrived")
 }
@@ -53,8 +53,8 @@ func TestBacklog_ForgetsTheNotedEventsSettledBeforeTheFirstDelivery(t *testing.T
 	d.dropSettled(u, u.backlog, 5)
 	require.NotNil(t, u.backlog)
 	assert.Equal(t, map[TenantID][]uint64{"initech": {8}}, u.backlog.tenants)
-	assert.False(t, u.backlogHolds(&lane{tenant: "acme"}), "acme's noted events were acked")
-	assert.True(t, u.backlogHolds(&lane{tenant: "initech"}))
+	assert.False(t, u.holds(&lane{tenant: "acme"}), "acme's noted events were acked")
+	assert.True(t, u.holds(&lane{tenant: "initech"}))
 	d.backlogArrived(u, "initech", 8)
 	assert.Nil(t, u.backlog, "the one event left arrived")
 }

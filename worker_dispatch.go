@@ -85,11 +85,15 @@ type unit struct {
 	// unsettled: release found events of u pending that it could not hand back
 	// (see release); the next owner must wait an ack wait for them.
 	unsettled atomic.Bool
-	backlog   *backlog // under dispatcher.mu; nil once every event pending at the take arrived
+	backlog   *backlog  // under dispatcher.mu; nil once every event pending at the take arrived
+	lost      *lostWait // under dispatcher.mu; nil while no event lost in transit is awaited
 	// lastDelivery is the durable's delivery sequence of the last event that reached
 	// this worker, or, until one does, the durable's at the take. Written by u's
 	// delivery goroutine alone; read by release too (awaitInFlight).
 	lastDelivery atomic.Uint64
+	// lastFirst is the stream sequence of the latest first delivery that reached this
+	// worker, 0 until one does. Written by u's delivery goroutine alone.
+	lastFirst uint64
 	// shared: another worker may hold events of u delivered before the server first
 	// served this one (not all of what was pending then arrived here, or they could
 	// not be counted), or the server pinned u to another worker meanwhile. Release
@@ -246,6 +250,13 @@ func (d *dispatcher) arrive(u *unit, m jetstream.Msg) {
 	ref := eventRef{partition: -1}
 	if metaOK {
 		u.lastDelivery.Store(meta.consumerSeq)
+		if meta.numDelivered == 1 {
+			// Without a group, the durable's other pullers get first deliveries too.
+			if u.group != "" && u.lastFirst != 0 && meta.streamSeq > u.lastFirst+1 {
+				d.recoverLost(u, meta)
+			}
+			u.lastFirst = max(u.lastFirst, meta.streamSeq)
+		}
 		e.seq, e.attempt = meta.streamSeq, int(meta.numDelivered)
 		ref = eventRef{u.p, e.seq}
 	}
@@ -275,6 +286,9 @@ func (d *dispatcher) file(u *unit, tenant TenantID, e *entry) bool {
 		return true
 	}
 	delete(u.returned, e.seq) // redelivered while the host holds it: at least once
+	if u.lost != nil {
+		d.lostArrived(u, tenant, e.seq)
+	}
 	// A backlog's events never wait for room: the one that ends it would otherwise
 	// let the lanes run what was held behind it before it is filed.
 	pending := u.backlog != nil

@@ -62,6 +62,7 @@ func (d *dispatcher) keepAlive() {
 		period = d.tickPeriod()
 		tick.Reset(period)
 		for _, u := range d.units {
+			d.endLostWait(u, now)
 			if b := u.backlog; b != nil && b.over(now) {
 				why := "no event arrived for a while"
 				if now.After(b.until) {
@@ -150,6 +151,9 @@ func (d *dispatcher) extendWaits(lost time.Duration) {
 	for _, u := range d.units {
 		if b := u.backlog; b != nil {
 			b.until, b.lastAt = b.until.Add(lost), b.lastAt.Add(lost)
+		}
+		if w := u.lost; w != nil {
+			w.until = w.until.Add(lost)
 		}
 	}
 }

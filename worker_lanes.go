@@ -73,7 +73,7 @@ func (d *dispatcher) enqueue(l *lane) bool {
 	if l.ready || l.running != nil || l.blocked != nil || len(l.queue) == 0 {
 		return false
 	}
-	if u := d.units[l.part]; u != nil && (u.releasing.Load() || u.backlogHolds(l)) {
+	if u := d.units[l.part]; u != nil && (u.releasing.Load() || u.holds(l)) {
 		return false
 	}
 	l.ready = true

@@ -58,7 +58,7 @@ func (d *dispatcher) runLanes() {
 		l := d.ready.pop()
 		l.ready = false
 		u := d.units[l.part]
-		if u == nil || u.releasing.Load() || u.backlogHolds(l) || len(l.queue) == 0 {
+		if u == nil || u.releasing.Load() || u.holds(l) || len(l.queue) == 0 {
 			continue
 		}
 		e := l.queue[0]
