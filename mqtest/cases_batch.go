@@ -78,7 +78,7 @@ func batchCases() []testCase {
 				"an error wrapping errors.ErrUnsupported, nothing of it is stored, and the " +
 				"same events still go out as a pipelined batch.",
 			flags:     []string{"AtomicBatch"},
-			publishes: "an atomic batch of 20 events over acme/a, acme/a/s and acme/b",
+			publishes: "an atomic batch of 20 events over acme/a, acme/a/s and acme/b (without the flag, then 1 on acme/fence and the 20 pipelined)",
 			run:       atomicBatchPerCaps,
 		},
 		{
@@ -294,8 +294,11 @@ func atomicBatchPerCaps(t *testing.T, h Harness) {
 	err := e.b.PublishBatch(e.ctx, b)
 	if !h.Caps.AtomicBatch {
 		require.ErrorIs(t, err, errors.ErrUnsupported, "Caps.AtomicBatch is false, yet an atomic batch was not refused as unsupported")
-		e.publish(topic(Acme, "a", ""), "fence")
-		assert.Equal(t, []string{"fence"}, datas(next(t, hub, 1)), "the refused atomic batch stored some of its events")
+		// The fence goes to a table of its own: the hub delivers a tenant in order, so
+		// an event of the refused batch would come before it, and the replays of the
+		// batch's topics below stay the batch's alone.
+		e.publish(topic(Acme, "fence", ""), "fence")
+		assert.Equal(t, []string{"fence"}, datas(next(t, hub, 1)), "Caps.AtomicBatch is false: the refused atomic batch stored some of its events")
 		b.Atomic = false
 		e.publishBatch(b)
 	} else {

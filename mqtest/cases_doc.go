@@ -100,7 +100,8 @@ import "slices"
 //     whole, in batch order, on every path; without it, it is refused with an error
 //     wrapping errors.ErrUnsupported, nothing of it is stored, and the same events
 //     still go out as a pipelined batch. Publishes: an atomic batch of 20 events over
-//     acme/a, acme/a/s and acme/b. Flags: AtomicBatch.
+//     acme/a, acme/a/s and acme/b (without the flag, then 1 on acme/fence and the 20
+//     pipelined). Flags: AtomicBatch.
 //
 //   - PublishBatchWithADoneContextReturnsTheContextsError: PublishBatch under a
 //     cancelled or expired context returns that context's error, never ErrQueueFull.

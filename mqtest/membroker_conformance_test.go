@@ -28,6 +28,25 @@ func TestMemBroker_Conformance(t *testing.T) {
 	mqtest.Run(t, h)
 }
 
+// TestMemBroker_ConformanceWithoutAtomicBatches runs the whole suite against the
+// in-memory broker made one without atomic batches, declared so: an honest broker on
+// the other side of Caps.AtomicBatch passes too, so the flag is checked both ways by
+// honest brokers as well as by wrong declarations. Not parallel, as above.
+func TestMemBroker_ConformanceWithoutAtomicBatches(t *testing.T) {
+	if os.Getenv(memWrongEnv) != "" {
+		t.Skip("inside a child process")
+	}
+	h := memHarness()
+	open := h.New
+	h.New = func(t *testing.T) mq.Broker {
+		b := open(t)
+		memOf(t, b).noAtomic = true // before any call: the case has not the broker yet
+		return b
+	}
+	h.Caps.AtomicBatch = false
+	mqtest.Run(t, h)
+}
+
 func memHarness() mqtest.Harness {
 	return mqtest.Harness{
 		New: func(t *testing.T) mq.Broker {

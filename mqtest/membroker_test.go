@@ -55,6 +55,11 @@ type memStore struct {
 	parked   []*memEvent
 	parkKeys map[string]bool
 	parkSeq  uint64
+
+	// noAtomic makes the broker one without atomic batches (Caps.AtomicBatch false):
+	// it refuses an atomic batch whole with errors.ErrUnsupported. It lets the suite
+	// run an honest broker on each side of that flag.
+	noAtomic bool
 }
 
 // memEvent is one stored (or parked) event.
@@ -233,6 +238,9 @@ func (b *memBroker) PublishBatch(ctx context.Context, batch mq.Batch) error {
 	defer b.mu.Unlock()
 	if b.closed {
 		return errClosed("publish batch")
+	}
+	if batch.Atomic && b.noAtomic {
+		return fmt.Errorf("mem: atomic batch: %w", errors.ErrUnsupported)
 	}
 	// Under one lock every event is stored or none, so a batch is atomic either way.
 	return b.storeLocked(batch.Tenant, evs)
