@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 117 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 118 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -476,6 +476,14 @@ import "slices"
 //     redrives or deletes it once, counts it once and is no error (a retried or merged
 //     id list is common). Skipped for a broker without mq.DeadLetterManager. Publishes:
 //     2 parks on acme/orders.
+//
+//   - DeadLetterManagerRefusesAnotherTenantsParkIDAndActsOnNothing: Redrive and
+//     DeleteDeadLetters for acme, given the ID of a park of globex's (alone, or after
+//     one of acme's own), return an error wrapping mq.ErrDeadLetterNotFound and a count
+//     of 0, and redrive or remove nothing: both parks stay, and nothing is delivered.
+//     Skipped for a broker without the interface, or whose park IDs are per tenant so
+//     that globex's names a park of acme's too. Publishes: 1 park on acme/orders and 1
+//     on globex/orders.
 //
 //   - MaxBytesReportsTheBudget: MaxBytes reports each budget right after it is set.
 //     Publishes: nothing.

@@ -253,6 +253,7 @@ func cases() []testCase {
 		replayCases(),
 		deadLetterCases(),
 		deadLetterWorkflowCases(),
+		deadLetterTenantCases(),
 		budgetCases(),
 		purgeCases(),
 		closeCases(),
