@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 118 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 120 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -484,6 +484,19 @@ import "slices"
 //     Skipped for a broker without the interface, or whose park IDs are per tenant so
 //     that globex's names a park of acme's too. Publishes: 1 park on acme/orders and 1
 //     on globex/orders.
+//
+//   - DeadLetterManagerTableNarrowsAPageAndASelectorToThatTableEveryScope:
+//     DeadLetterQuery.Table pages that table's parks alone, every scope of it included,
+//     oldest first; a selector's Table redrives or deletes that table's parks of the
+//     tenant and leaves the other tables' and other tenants' parked. Skipped for a
+//     broker without mq.DeadLetterManager. Publishes: parks on acme/orders,
+//     acme/orders/s, acme/users and globex/users.
+//
+//   - DeadLettersRefusesABadCursorOrLimitAndAnInvalidTenant: DeadLetters given a cursor
+//     it never returned or a negative limit returns an error wrapping
+//     mq.ErrInvalidConfig, rather than a page from the oldest; given an invalid tenant,
+//     one wrapping mq.ErrInvalidTenant, rather than an empty page. Skipped for a broker
+//     without mq.DeadLetterManager. Publishes: 1 park on acme/orders.
 //
 //   - MaxBytesReportsTheBudget: MaxBytes reports each budget right after it is set.
 //     Publishes: nothing.

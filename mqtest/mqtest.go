@@ -254,6 +254,7 @@ func cases() []testCase {
 		deadLetterCases(),
 		deadLetterWorkflowCases(),
 		deadLetterTenantCases(),
+		deadLetterQueryCases(),
 		budgetCases(),
 		purgeCases(),
 		closeCases(),
