@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 120 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 121 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -192,6 +192,12 @@ import "slices"
 //   - SubscribeSeesATenantBudgetedAfterItStarted: A tenant budgeted after Subscribe
 //     started reaches it. Publishes: 1 event on acme/t and 1 for a tenant budgeted
 //     later.
+//
+//   - SubscribeCallsItsHandlerOneAtATimeAcrossTenants: The hub never begins a handler
+//     call while another of the same subscription is in flight, even for different
+//     tenants: each call is held for the quiet window, in which a broker calling
+//     concurrently would begin another. Publishes: 2 events each on acme/t and
+//     globex/t, interleaved.
 //
 //   - EachTenantInOrder: Interleaved publishes of two tenants reach the worker in
 //     publish order per tenant. Publishes: 30 events each for acme and globex,

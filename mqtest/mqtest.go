@@ -246,6 +246,7 @@ func cases() []testCase {
 		batchCases(),
 		inputCases(),
 		hubCases(),
+		hubSerialCases(),
 		consumeCases(),
 		redeliveryCases(),
 		workerCases(),
