@@ -4,7 +4,7 @@ package mqtest
 
 import "slices"
 
-// Cases describes every case [Run] runs, in the order it runs them: 121 cases.
+// Cases describes every case [Run] runs, in the order it runs them: 123 cases.
 // Each names the [Harness] hooks besides New it uses and the [Caps] flags it checks
 // both ways.
 //
@@ -613,6 +613,15 @@ import "slices"
 //     wraps mq.ErrDeliveryEnded, until the caller stops that Consume; after Close it
 //     wraps mq.ErrClosed. Skipped for a broker that is no mq.HealthChecker. Publishes:
 //     1 event each on acme/prime and globex/prime. Hooks: EndDelivery.
+//
+//   - HealthWithACancelledContextReturnsTheContextsError: Health under a context
+//     already cancelled returns an error wrapping context.Canceled, as mq.HealthChecker
+//     promises. Skipped for a broker that is no mq.HealthChecker. Publishes: nothing.
+//
+//   - OldestSequenceWithADoneContextReturnsTheContextsError: OldestSequence under a
+//     context already cancelled or expired returns an error wrapping that context's
+//     error, as mq.HistoryHorizon promises. Skipped for a broker that is no
+//     mq.HistoryHorizon. Publishes: nothing.
 //
 //   - AnIdleRestartDeliversEveryUnacknowledgedEventInOrder: Events nobody consumed yet
 //     survive two restarts of a broker that was left idle before each, and then arrive

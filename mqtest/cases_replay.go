@@ -102,10 +102,7 @@ func replayCases() []testCase {
 
 func oldestSequenceBoundsReplays(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hh, ok := e.b.(mq.HistoryHorizon)
-	if !ok {
-		t.Skipf("the broker, a %T, does not implement mq.HistoryHorizon", e.b)
-	}
+	hh := historyHorizonOf(t, e.b)
 	tp := e.twoReplayable()
 	first, err := hh.OldestSequence(e.ctx)
 	require.NoError(t, err)

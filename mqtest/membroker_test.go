@@ -108,7 +108,10 @@ func openMemBroker(store *memStore) *memBroker {
 	}
 }
 
-var _ mq.Broker = (*memBroker)(nil)
+var (
+	_ mq.Broker         = (*memBroker)(nil)
+	_ mq.HistoryHorizon = (*memBroker)(nil)
+)
 
 // errClosed is the error of every method after Close.
 func errClosed(op string) error { return fmt.Errorf("mem: %s: %w", op, mq.ErrClosed) }
@@ -357,6 +360,26 @@ func (b *memBroker) Health(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// OldestSequence is the Sequence of the oldest event the log holds (PurgeAcked moves
+// it), or the next one's when it holds none.
+func (b *memBroker) OldestSequence(ctx context.Context) (uint64, error) {
+	if ctx == nil {
+		return 0, fmt.Errorf("mem: oldest sequence: nil context: %w", mq.ErrInvalidConfig)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0, errClosed("oldest sequence")
+	}
+	if len(b.log) > 0 {
+		return b.log[0].seq, nil
+	}
+	return b.seq + 1, nil
 }
 
 // Close stops every Consume and subscription and waits for their goroutines (each

@@ -260,6 +260,7 @@ func cases() []testCase {
 		purgeCases(),
 		closeCases(),
 		healthCases(),
+		optionalContextCases(),
 		restartCases(),
 	} {
 		all = append(all, group...)
