@@ -50,7 +50,7 @@ func consumeCases() []testCase {
 		},
 		{
 			name: "AckWaitRedelivers",
-			proves: "With AckWaitRedelivers, an event left unsettled under an AckWait of 200 ms " +
+			proves: "With AckWaitRedelivers, an event left unsettled under an AckWait of 200 ms (times the wait scale) " +
 				"comes back and an acked one does not; without it, neither comes back within " +
 				"the quiet window.",
 			flags:     []string{"AckWaitRedelivers"},
@@ -192,7 +192,7 @@ func ackWaitRedelivers(t *testing.T, h Harness) {
 	e := setup(t, h)
 	e.publish(topic(Acme, "t", ""), "acked")
 	e.publish(topic(Acme, "t", ""), "left")
-	c := e.consume(mq.ConsumerConfig{AckWait: 200 * time.Millisecond}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{AckWait: ackWait}, func(m *mq.Message) error {
 		if string(m.Data) == "acked" {
 			return e.ackEach(m)
 		}
@@ -245,7 +245,7 @@ func atLeastOnceAcrossStop(t *testing.T, h Harness) {
 	e := setup(t, h)
 	cfg := mq.ConsumerConfig{}
 	if h.Caps.AckWaitRedelivers {
-		cfg.AckWait = 200 * time.Millisecond
+		cfg.AckWait = ackWait
 	}
 	tp := topic(Acme, "t", "")
 	for _, d := range []string{"acked-1", "acked-2", "left"} {

@@ -2,7 +2,6 @@ package mqtest
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -208,7 +207,7 @@ func deadLetterThenAck(t *testing.T, h Harness) {
 	cfg := mq.ConsumerConfig{}
 	watch := quiet
 	if h.Caps.AckWaitRedelivers {
-		cfg.AckWait = 200 * time.Millisecond // an unacked original would come back
+		cfg.AckWait = ackWait // an unacked original would come back
 		watch = 3 * quiet
 	}
 	c := e.consume(cfg, func(m *mq.Message) error {

@@ -219,9 +219,9 @@ import "slices"
 //     Publishes: a few events on acme/t.
 //
 //   - AckWaitRedelivers: With AckWaitRedelivers, an event left unsettled under an
-//     AckWait of 200 ms comes back and an acked one does not; without it, neither comes
-//     back within the quiet window. Publishes: 1 event on acme/t. Flags:
-//     AckWaitRedelivers.
+//     AckWait of 200 ms (times the wait scale) comes back and an acked one does not;
+//     without it, neither comes back within the quiet window. Publishes: 1 event on
+//     acme/t. Flags: AckWaitRedelivers.
 //
 //   - CreateConsumerAppliesTheConfigExactlyWhenItConfiguresDurables: With
 //     ConfiguresDurables, CreateConsumer accepts any AckWait (1h) and delivery follows
@@ -258,8 +258,8 @@ import "slices"
 //     idempotency key. Hooks: ReservedHeaderPrefix.
 //
 //   - InProgressKeepsAHeldEventFromComingBack: Only with AckWaitRedelivers: under an
-//     AckWait of the quiet window (300 ms, scaled; at least 200 ms), an event the
-//     handler returned unsettled (held for a batch) and the host then keeps alive with
+//     AckWait of the quiet window (300 ms, times the wait scale), an event the handler
+//     returned unsettled (held for a batch) and the host then keeps alive with
 //     InProgress every quarter of it (each returning nil) for four ack waits does not
 //     come back, nor after the host acks it; the tenant's next event is delivered
 //     meanwhile. (Held without InProgress it does come back: see AckWaitRedelivers.)

@@ -23,7 +23,7 @@ func redeliveryCases() []testCase {
 		{
 			name: "InProgressKeepsAHeldEventFromComingBack",
 			proves: "Only with AckWaitRedelivers: under an AckWait of the quiet window (300 ms, " +
-				"scaled; at least 200 ms), an event the handler returned unsettled (held for a " +
+				"times the wait scale), an event the handler returned unsettled (held for a " +
 				"batch) and the host then keeps alive with InProgress every quarter of it " +
 				"(each returning nil) for four ack waits does not come back, " +
 				"nor after the host acks it; the tenant's next event is delivered meanwhile. " +
@@ -77,10 +77,10 @@ func inProgressHoldsTheAckWait(t *testing.T, h Harness) {
 	e := setup(t, h)
 	// The quiet window scales with the harness's wait scale: a slow machine gets a
 	// longer ack wait between two InProgress calls rather than a false redelivery.
-	ackWait := max(200*time.Millisecond, quiet)
+	window := max(ackWait, quiet)
 	tp := topic(Acme, "held", "")
 	held := make(chan *mq.Message, 1)
-	c := e.consume(mq.ConsumerConfig{AckWait: ackWait}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{AckWait: window}, func(m *mq.Message) error {
 		if string(m.Data) == "held" {
 			select {
 			case held <- m:
@@ -101,11 +101,11 @@ func inProgressHoldsTheAckWait(t *testing.T, h Harness) {
 	e.publish(tp, "next")
 	for range 16 { // four times the ack wait
 		require.NoError(t, m.InProgress(), "InProgress on the held event")
-		time.Sleep(ackWait / 4)
+		time.Sleep(window / 4)
 	}
 	require.NoError(t, m.DoubleAck(e.ctx), "ack the held event")
 	assert.Equal(t, []string{"held", "next"}, datas(next(t, c.deliveries, 2)), "the worker's calls")
-	noneFor(t, c.deliveries, 2*ackWait+quiet)
+	noneFor(t, c.deliveries, 2*window+quiet)
 }
 
 func aRedeliveredEventKeepsItsTenantsOrder(t *testing.T, h Harness) {
@@ -150,7 +150,7 @@ func settlingAStaleDeliveryLate(t *testing.T, h Harness) {
 	tp := topic(Acme, "stale", "")
 	kept := make(chan *mq.Message, 2)
 	var calls counter
-	c := e.consume(mq.ConsumerConfig{AckWait: 200 * time.Millisecond}, func(m *mq.Message) error {
+	c := e.consume(mq.ConsumerConfig{AckWait: ackWait}, func(m *mq.Message) error {
 		if string(m.Data) == "stale" && calls.inc("stale") <= 2 {
 			kept <- m
 			return nil // kept unsettled: the ack wait brings it back

@@ -13,11 +13,6 @@ import (
 	"github.com/wavehouse/mq"
 )
 
-// idle is how long a restart case lets the broker run before it restarts, as a host
-// does between its last event and a deploy: a broker that finishes work in the
-// background (a history copying events, a flush) has done it by then.
-const idle = 2 * time.Second
-
 func restartCases() []testCase {
 	return []testCase{
 		{
@@ -126,7 +121,7 @@ func restartRedeliversUnsettled(t *testing.T, h Harness) {
 	// soon; elsewhere the operator's ack wait governs, and only naks are checked.
 	cfg := mq.ConsumerConfig{}
 	if h.Caps.AckWaitRedelivers {
-		cfg.AckWait = 200 * time.Millisecond
+		cfg.AckWait = ackWait
 	}
 	c := e.consume(cfg, func(m *mq.Message) error {
 		var i int

@@ -118,7 +118,7 @@ func parkedAfterMaxDeliveries(t *testing.T, h Harness, fail mq.Handler, lastErr 
 	cfg := mq.ConsumerConfig{MaxDeliveries: maxDeliveries, RetryDelay: 50 * time.Millisecond, MaxRetryDelay: 100 * time.Millisecond}
 	watch := quiet
 	if h.Caps.AckWaitRedelivers {
-		cfg.AckWait = 200 * time.Millisecond // a parked event left unacked would come back
+		cfg.AckWait = ackWait // a parked event left unacked would come back
 		watch = 3 * quiet
 	}
 	handle, done := e.recorded(func(m *mq.Message) error {

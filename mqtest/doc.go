@@ -70,13 +70,28 @@
 // Every case runs as a parallel subtest on its own broker, so go test's -parallel
 // bounds how many run at once (GOMAXPROCS by default); the cases mostly wait on the
 // broker, so a higher -parallel makes a run several times faster (EmbeddedNATS on 2
-// cores: 47 s by default, 8 s with -parallel 16, measured). Waits for something that
-// should happen are bounded by a generous 5 s; something that must not happen is
-// watched for 300 ms. Both scale by [Harness.WaitScale] times the environment variable
-// MQTEST_WAIT_SCALE (each 1 when unset): above 1 for a slow broker or machine, or a
-// high -parallel on few cores; below 1 to make a failing case fail sooner. No case
-// asserts how fast anything is; a delay the case configured (a RetryDelay) is checked
-// only as a lower bound between two calls.
+// cores: 47 s by default, 8 s with -parallel 16, measured).
+//
+// # The wait scale
+//
+// No case asserts how fast anything is; a delay the case configured (a RetryDelay) is
+// checked only as a lower bound between two calls. The suite still has windows: a wait
+// for something that should happen gives up after 5 s with no progress; something
+// that must not happen is watched for 300 ms; the cases that need the ack wait to
+// redeliver set an AckWait of 200 ms; a restart case leaves the broker idle 2 s before
+// restarting it. All four scale by [Harness.WaitScale] times the environment variable
+// MQTEST_WAIT_SCALE (each 1 when unset). The scale is there so that a slow machine
+// does not pass for a slow broker: on a loaded machine (-race, a high -parallel on few
+// cores, a busy CI runner) a handler's ack can take longer than 200 ms to reach the
+// broker, so an event comes back that the case says must not, and a broker starved of
+// CPU can leave 5 s with nothing delivered. A failure such as "then nothing for 5s"
+// or an unexpected redelivery that comes and goes with the load is the sign: run such
+// machines with a scale above 1, for example
+//
+//	MQTEST_WAIT_SCALE=3 go test -race -parallel 16 -run 'TestMyBroker_Conformance' ./mybroker
+//
+// and treat a failure that stays at a generous scale as the broker's. A scale below 1
+// makes a failing case fail sooner.
 //
 // [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
 // propagator for the duration of the run (the trace cases need it) and restores the

@@ -26,17 +26,28 @@ const (
 const Durable = mq.WorkerDurable
 
 // Timing. wait bounds every wait for something that should happen; quiet is how long a
-// case watches for something that must not. Both are the base windows scaled by the
-// harness and MQTEST_WAIT_SCALE: Run sets them for its run, as it sets the propagator,
-// and restores them afterwards.
+// case watches for something that must not; ackWait is the short AckWait of the cases
+// that rely on the ack wait redelivering; idle is how long a restart case leaves the
+// broker alone before restarting it. Each is its base scaled by the harness and
+// MQTEST_WAIT_SCALE: Run sets them for its run, as it sets the propagator, and
+// restores them afterwards. The ack wait is scaled with the rest because on a loaded
+// machine a handler's ack can take longer than a fixed 200 ms to reach the broker, and
+// an event then comes back that the case says must not.
 var (
-	wait  = baseWait
-	quiet = baseQuiet
+	wait    = baseWait
+	quiet   = baseQuiet
+	ackWait = baseAckWait
+	idle    = baseIdle
 )
 
 const (
-	baseWait  = 5 * time.Second
-	baseQuiet = 300 * time.Millisecond
+	baseWait    = 5 * time.Second
+	baseQuiet   = 300 * time.Millisecond
+	baseAckWait = 200 * time.Millisecond
+	// baseIdle: a broker that finishes work in the background (a history copying
+	// events, a flush) has done it by then, as between a host's last event and a
+	// deploy.
+	baseIdle = 2 * time.Second
 	// waitScaleEnv names the environment variable that scales wait and quiet.
 	waitScaleEnv = "MQTEST_WAIT_SCALE"
 	// poll is the pause between two attempts of an eventual check.
@@ -99,8 +110,10 @@ type Harness struct {
 	ReservedHeaderPrefix string
 
 	// WaitScale multiplies the suite's windows: the 5 s bound on waiting for something
-	// that should happen and the 300 ms of watching for something that must not.
-	// Zero means 1; MQTEST_WAIT_SCALE, when set, multiplies it again.
+	// that should happen, the 300 ms of watching for something that must not, the
+	// 200 ms AckWait of the cases that need the ack wait to redeliver, and the 2 s a
+	// restart case leaves the broker idle. Zero means 1; MQTEST_WAIT_SCALE, when set,
+	// multiplies it again (see the package comment on loaded machines).
 	WaitScale float64
 
 	// Caps declares where this broker legitimately differs from others.
@@ -135,7 +148,7 @@ type Caps struct {
 	StoresBudgets bool
 
 	// AckWaitRedelivers: an event delivered and left unsettled under an AckWait of
-	// 200 ms comes back. False: it does not come back within the quiet window (the
+	// 200 ms (times the wait scale) comes back. False: it does not come back within the quiet window (the
 	// operator's ack wait governs).
 	AckWaitRedelivers bool
 
@@ -291,10 +304,10 @@ func Run(t *testing.T, h Harness) {
 	}
 	prev := otel.GetTextMapPropagator()
 	otel.SetTextMapPropagator(propagation.TraceContext{})
-	wait, quiet = scaled(baseWait, scale), scaled(baseQuiet, scale)
+	setWindows(scale)
 	t.Cleanup(func() {
 		otel.SetTextMapPropagator(prev)
-		wait, quiet = baseWait, baseQuiet
+		setWindows(1)
 	})
 
 	seen := map[string]bool{}
@@ -313,6 +326,12 @@ func Run(t *testing.T, h Harness) {
 			c.run(t, h)
 		})
 	}
+}
+
+// setWindows scales every timing window of the suite by scale.
+func setWindows(scale float64) {
+	wait, quiet = scaled(baseWait, scale), scaled(baseQuiet, scale)
+	ackWait, idle = scaled(baseAckWait, scale), scaled(baseIdle, scale)
 }
 
 // waitScale is WaitScale (0 means 1) times MQTEST_WAIT_SCALE (unset means 1); either
