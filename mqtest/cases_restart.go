@@ -209,7 +209,8 @@ func restartKeepsEnforcing(t *testing.T, h Harness) {
 		if errors.Is(err, mq.ErrQueueFull) {
 			break
 		}
-		require.NoError(t, err)
+		require.NoError(t, err, "event %d of those filling acme's 4 KiB budget: want it stored, or refused "+
+			"with an error wrapping mq.ErrQueueFull once the budget is used up", k)
 		require.Less(t, k, 4096, "a 4 KiB budget never filled")
 	}
 	e.settle(tp, k)

@@ -106,7 +106,7 @@
 // failed (consume, subscribe, replay) and what was expected, for example
 //
 //	consume: the headers of "keyed": expected ... actual ...
-//	waiting for 3 deliveries: got 2 deliveries, then nothing for 5s: ["one" "two"]
+//	waiting for 3 deliveries: got 2 deliveries, then nothing for 5s: ["acme/one" "globex/one"]
 //
 // the second meaning an event the case expected never arrived. A failure that depends
 // on a flag names it: "Caps.X is false, yet ..." when the broker did what a true flag

@@ -264,9 +264,9 @@ func collect(t *testing.T, ch <-chan delivery, what string, done func([]delivery
 			out = append(out, d)
 			timer.Reset(wait)
 		case <-timer.C:
-			t.Fatalf("waiting for %s: got %d deliveries, then nothing for %s: %.2000q", what, len(out), wait, datas(out))
+			t.Fatalf("waiting for %s: got %d deliveries, then nothing for %s: %.2000q", what, len(out), wait, labels(out))
 		case <-deadline:
-			t.Fatalf("waiting for %s: got %d deliveries within %s, and still not that: %.2000q", what, len(out), 3*wait, datas(out))
+			t.Fatalf("waiting for %s: got %d deliveries within %s, and still not that: %.2000q", what, len(out), 3*wait, labels(out))
 		}
 	}
 	return out
@@ -441,6 +441,17 @@ func drainedWithin(ch <-chan delivery, d time.Duration) bool {
 func (e *env) budget(tenant mq.TenantID) {
 	e.t.Helper()
 	require.NoError(e.t, e.b.SetMaxBytes(e.ctx, tenant, 64<<20), "budget %s", tenant)
+}
+
+// labels names each delivery by its tenant and data, as "acme/one": a failure listing
+// what arrived shows whose events came, not only their data, which cases reuse across
+// tenants.
+func labels(ds []delivery) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, string(d.topic.Tenant)+"/"+d.data)
+	}
+	return out
 }
 
 // byTenant groups payloads by tenant, in delivery order.

@@ -38,7 +38,8 @@ func FillByPublishing(t *testing.T, b mq.Broker, tenant mq.TenantID) {
 		if errors.Is(err, mq.ErrQueueFull) {
 			return
 		}
-		require.NoError(t, err, "mqtest: FillByPublishing: empty event %d on %s", i, tp)
+		require.NoError(t, err, "mqtest: FillByPublishing: empty event %d on %s: want it stored, or refused "+
+			"with an error wrapping mq.ErrQueueFull (errors.Is) once the budget is used up", i, tp)
 	}
 	t.Fatalf("mqtest: FillByPublishing: %s took %d empty events under a %d-byte budget: "+
 		"the broker does not enforce SetMaxBytes, so its harness must shrink its queue before publishing",
