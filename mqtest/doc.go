@@ -47,7 +47,9 @@
 //     the assertions on parked contents; the counts are always checked.
 //   - Restart closes the broker as a host does at a deploy and returns one opened
 //     again on the same store (for a client of an external server: a new client after
-//     the server restarted). Nil skips the restart cases.
+//     the server restarted), and registers that broker's cleanup on t as New does.
+//     New must keep each broker's store (its directory) where Restart finds it: see
+//     the example of [Harness]. Nil skips the restart cases.
 //   - TooLarge is a payload size the broker refuses with mq.ErrPayloadTooLarge; it
 //     must be above the broker's limit (a 256 KiB payload must be accepted).
 //   - ReservedHeaderPrefix names the headers the broker keeps for itself ("Nats-" for
@@ -92,6 +94,21 @@
 //
 // and treat a failure that stays at a generous scale as the broker's. A scale below 1
 // makes a failing case fail sooner.
+//
+// # What the suite does not check
+//
+// The suite does not look for goroutines a broker leaves running after Close (a
+// forgotten ticker, a reader of a closed connection): a broker that leaks passes. Run
+// the conformance test under go.uber.org/goleak to catch them: goleak.VerifyTestMain
+// in TestMain, or a check once a subtest wrapping Run has ended (Run returns before its
+// parallel cases run; the subtest ends after them and their cleanups, the brokers'
+// Close among them):
+//
+//	func TestMyBroker_Conformance(t *testing.T) {
+//		before := goleak.IgnoreCurrent() // what ran before the suite is not its leak
+//		t.Run("suite", func(t *testing.T) { mqtest.Run(t, harness) })
+//		goleak.VerifyNone(t, before)
+//	}
 //
 // [Run] installs the W3C TraceContext propagator as the global OpenTelemetry text-map
 // propagator for the duration of the run (the trace cases need it) and restores the

@@ -90,7 +90,10 @@ type Harness struct {
 
 	// Restart closes b as a host does at a deploy and returns a broker opened again on
 	// the same store: the same directory for an embedded broker; for a client of an
-	// external server, a new client after the server itself restarted.
+	// external server, a new client after the server itself restarted. As New does, it
+	// registers the reopened broker's cleanup on t, tolerating a broker the case already
+	// closed: the suite closes neither broker, and one left open holds its server, its
+	// connections and its store until the process ends. See the example of Harness.
 	//
 	// Optional: nil skips the restart cases.
 	Restart func(t *testing.T, b mq.Broker) mq.Broker
