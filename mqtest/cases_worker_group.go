@@ -63,7 +63,16 @@ func twoConsumesShareTheDurable(t *testing.T, h Harness) {
 			case d = <-callsB:
 				worker = "B"
 			case <-timer.C:
-				t.Fatalf("%s: %d of %d events handled, then nothing for %s", what, len(handled), rounds*per*len(tenants), wait)
+				var missing []string
+				for r := range rounds * per {
+					for _, id := range tenants {
+						if label := string(id) + "/" + strconv.Itoa(r); !handled[label] {
+							missing = append(missing, label)
+						}
+					}
+				}
+				t.Fatalf("%s: %d of %d events handled, then nothing for %s; never handled: %q",
+					what, len(handled), rounds*per*len(tenants), wait, missing)
 			}
 			byWorker[worker] = append(byWorker[worker], d)
 			handled[string(d.topic.Tenant)+"/"+d.data] = true
