@@ -148,11 +148,7 @@ func redriveByIDAndDelete(t *testing.T, h Harness) {
 // broker without it.
 func deadLetterManager(t *testing.T, e *env) mq.DeadLetterManager {
 	t.Helper()
-	dm, ok := e.b.(mq.DeadLetterManager)
-	if !ok {
-		t.Skipf("%T does not implement mq.DeadLetterManager", e.b)
-	}
-	return dm
+	return optional[mq.DeadLetterManager](t, e.b)
 }
 
 func next1(t *testing.T, ch <-chan delivery) delivery {

@@ -29,19 +29,9 @@ func healthCases() []testCase {
 	}
 }
 
-// healthOf returns b's HealthChecker, or skips the case.
-func healthOf(t *testing.T, b mq.Broker) mq.HealthChecker {
-	t.Helper()
-	hc, ok := b.(mq.HealthChecker)
-	if !ok {
-		t.Skipf("the broker, a %T, does not implement mq.HealthChecker", b)
-	}
-	return hc
-}
-
 func healthFollowsDelivery(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hc := healthOf(t, e.b)
+	hc := optional[mq.HealthChecker](t, e.b)
 	check := func() error {
 		ctx, cancel := context.WithTimeout(e.ctx, wait)
 		defer cancel()

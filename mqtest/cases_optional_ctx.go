@@ -36,7 +36,7 @@ func optionalContextCases() []testCase {
 
 func healthWithACancelledContext(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hc := healthOf(t, e.b)
+	hc := optional[mq.HealthChecker](t, e.b)
 	cancelled, cancel := context.WithCancel(e.ctx)
 	cancel()
 	assert.ErrorIs(t, hc.Health(cancelled), context.Canceled,
@@ -45,7 +45,7 @@ func healthWithACancelledContext(t *testing.T, h Harness) {
 
 func oldestSequenceWithADoneContext(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hh := historyHorizonOf(t, e.b)
+	hh := optional[mq.HistoryHorizon](t, e.b)
 	cancelled, cancel := context.WithCancel(e.ctx)
 	cancel()
 	expired, cancel2 := context.WithDeadline(e.ctx, time.Now().Add(-time.Second))
@@ -55,14 +55,4 @@ func oldestSequenceWithADoneContext(t *testing.T, h Harness) {
 		assert.ErrorIs(t, err, ctx.Err(),
 			"OldestSequence under a done context: mq.HistoryHorizon promises ctx's error when ctx ends first")
 	}
-}
-
-// historyHorizonOf returns b's HistoryHorizon, or skips the case.
-func historyHorizonOf(t *testing.T, b mq.Broker) mq.HistoryHorizon {
-	t.Helper()
-	hh, ok := b.(mq.HistoryHorizon)
-	if !ok {
-		t.Skipf("the broker, a %T, does not implement mq.HistoryHorizon", b)
-	}
-	return hh
 }

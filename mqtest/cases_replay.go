@@ -102,7 +102,7 @@ func replayCases() []testCase {
 
 func oldestSequenceBoundsReplays(t *testing.T, h Harness) {
 	e := setup(t, h)
-	hh := historyHorizonOf(t, e.b)
+	hh := optional[mq.HistoryHorizon](t, e.b)
 	tp := e.twoReplayable()
 	first, err := hh.OldestSequence(e.ctx)
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -441,6 +442,17 @@ func drainedWithin(ch <-chan delivery, d time.Duration) bool {
 func (e *env) budget(tenant mq.TenantID) {
 	e.t.Helper()
 	require.NoError(e.t, e.b.SetMaxBytes(e.ctx, tenant, 64<<20), "budget %s", tenant)
+}
+
+// optional returns b as the optional interface T (mq.HealthChecker, say), or skips the
+// case: a broker need not implement it.
+func optional[T any](t *testing.T, b mq.Broker) T {
+	t.Helper()
+	v, ok := b.(T)
+	if !ok {
+		t.Skipf("the broker, a %T, does not implement %s", b, reflect.TypeFor[T]())
+	}
+	return v
 }
 
 // labels names each delivery by its tenant and data, as "acme/one": a failure listing
