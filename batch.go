@@ -23,9 +23,10 @@ type Batch struct {
 	// atomic batches refuses an atomic one whole, storing nothing, with an error
 	// wrapping errors.ErrUnsupported. The NATS brokers have them, on partitions with
 	// allow_atomic; on a partition without it the batch is refused with ErrTopology.
-	// There each event also carries the batch's headers (up to 88 bytes), so the
-	// largest event an atomic batch takes is that much smaller than Publish's; a larger
-	// one refuses the batch with ErrPayloadTooLarge, nothing sent.
+	// There each event also carries the batch's headers (up to 88 bytes), which the
+	// room Publish keeps for a park holds, so an atomic batch takes Publish's largest
+	// event, unless a partition's name is much longer than the dead-letter stream's;
+	// a larger one refuses the batch with ErrPayloadTooLarge, nothing sent.
 	Atomic bool
 }
 

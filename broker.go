@@ -70,6 +70,8 @@ var (
 	// own included), is larger than the broker accepts. Nothing is stored: the NATS
 	// brokers refuse it before sending when it exceeds the server's max payload, and
 	// the stream refuses it on arrival when only the stream's own limit is lower.
+	// The NATS brokers' Publish also refuses an event whose park by the poison policy
+	// would exceed the server's max payload, so every event stored can be parked.
 	// Every broker accepts data of 256 KiB with a few headers, so a host may size its
 	// rows to that without asking (mqtest checks it).
 	ErrPayloadTooLarge = errors.New("mq: payload too large")

@@ -3,8 +3,10 @@ package mq
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,7 +16,9 @@ import (
 // deadLetter parks msg's data and headers under its own topic key on the dead-letter
 // stream. Its message id is never the original's (that left with its Nats- headers):
 // a fresh one, or the caller's idempotency key scoped to msg's tenant, as on Publish.
-func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt) (err error) {
+// The poison policy's park gives the handler's error as deadErr ("" for a host's
+// park): it goes in HeaderDeadError, cut to what the server takes.
+func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishOpt, deadErr string) (err error) {
 	if ctx == nil {
 		return errNilContext("dead letter")
 	}
@@ -38,7 +42,7 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	// a foreign producer chose: it must not add values to mq.tenant.
 	ctx, span := c.startSend(ctx, opDeadLetter, toDeadLetters, -1, msg.Topic().Tenant, 1)
 	defer func() { span.end(err) }()
-	ev, err := c.prepare(ctx, tenant, c.subs.deadLetter(msg.key), c.deadLetters, base, msg.Data, opts)
+	ev, err := c.prepareFitting(ctx, tenant, c.subs.deadLetter(msg.key), base, msg.Data, opts, deadErr)
 	if err != nil {
 		return fmt.Errorf("dead letter: %w", err)
 	}
@@ -50,6 +54,28 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 		c.metrics.park(msg.Topic())
 	}
 	return err
+}
+
+// prepareFitting prepares a park of data with headers base and the options opts, and
+// with deadErr (if any) as HeaderDeadError, on one line and cut to maxDeadErrorLen,
+// then to what the server's max payload leaves of it: the error is the one header
+// whose length the event did not fix when it was published (see park_room.go), so a
+// park of the largest event loses some of its error rather than being refused.
+func (c *natsCore) prepareFitting(ctx context.Context, tenant, subject string, base Headers, data []byte, opts []PublishOpt, deadErr string) (outgoing, error) {
+	text := oneLine(deadErr, maxDeadErrorLen)
+	for {
+		all := opts
+		if text != "" {
+			all = append(slices.Clip(opts), WithHeader(HeaderDeadError, text))
+		}
+		ev, err := c.prepare(ctx, tenant, subject, c.deadLetters, base, data, all)
+		var tooLarge *sizeError
+		if text == "" || !errors.As(err, &tooLarge) {
+			return ev, err
+		}
+		// Cut by the excess; a cut that leaves nothing drops the header.
+		text = oneLine(text, max(0, len(text)-(tooLarge.size-int(tooLarge.limit))))
+	}
 }
 
 // deadLetterCounts reads tenant's parked counts with one subject-filtered info request.

@@ -12,7 +12,7 @@ func (e *EmbeddedNATS) DeadLetter(ctx context.Context, msg *Message, opts ...Pub
 	if err := e.opened(); err != nil {
 		return err
 	}
-	return e.core.deadLetter(ctx, msg, opts)
+	return e.core.deadLetter(ctx, msg, opts, "")
 }
 
 // DeadLetterCounts counts tenant's parked events; a tenant never given a budget has no

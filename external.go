@@ -275,7 +275,7 @@ func (e *ExternalNATS) DeadLetter(ctx context.Context, msg *Message, opts ...Pub
 	if err := e.opened(); err != nil {
 		return err
 	}
-	return e.core.deadLetter(ctx, msg, opts)
+	return e.core.deadLetter(ctx, msg, opts, "")
 }
 
 // DeadLetterCounts counts tenant's parked events with one subject-filtered info call;

@@ -33,7 +33,8 @@ const (
 	// HeaderDeadReason is why the broker parked it: DeadReasonHandlerFailed or
 	// DeadReasonVanished.
 	HeaderDeadReason = "Mq-Dead-Reason"
-	// HeaderDeadError is the handler's last error, on one line, cut to 1 KiB.
+	// HeaderDeadError is the handler's last error, on one line, cut to 1 KiB, and
+	// further (to 128 bytes or less) when the event is near the server's max payload.
 	HeaderDeadError = "Mq-Dead-Error"
 	// HeaderDeadAttempts is the number of deliveries, in decimal.
 	HeaderDeadAttempts = "Mq-Dead-Attempts"

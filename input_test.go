@@ -271,11 +271,14 @@ func testBadInputIsRefusedAndLosesNothing(t *testing.T, r inputRig) {
 	require.NoError(t, err)
 
 	limit := int(r.core.nc.MaxPayload())
-	// An idempotency key fixes the message id's length.
-	publishRoom := payloadRoom(r.core, r.core.partitions[p], "acme.edge-x")
+	// An idempotency key fixes the message id's length. Publish keeps room for the
+	// event's park (park_room.go).
+	publishRoom := payloadRoom(r.core, r.core.partitions[p], "acme.edge-x") -
+		r.core.parkGrowth(Headers{HeaderIdempotencyKey: {"acme.edge-x"}}, string(tenant), r.core.partitions[p])
 	parkRoom := payloadRoom(r.core, r.core.deadLetters, "acme.edge-x")
-	// This is the room of the last event of an atomic batch of fewer than 10.
-	atomicRoom := payloadRoom(r.core, r.core.partitions[p], "acme.edge-x", lastInAtomicBatch(1)...)
+	// This is the room of the last event of an atomic batch of fewer than 10, within
+	// Publish's.
+	atomicRoom := min(publishRoom, payloadRoom(r.core, r.core.partitions[p], "acme.edge-x", lastInAtomicBatch(1)...))
 	largestPublish := bytes.Repeat([]byte("P"), publishRoom)
 	largestAtomic := bytes.Repeat([]byte("A"), atomicRoom)
 	largestPark := bytes.Repeat([]byte("D"), parkRoom)

@@ -115,7 +115,7 @@ func TestNATSPermissions_AllowEverythingTheBrokerDoes(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no delivery")
 	}
-	require.NoError(t, c.deadLetter(ctx, m, []PublishOpt{WithHeader("X-Error", "poison")}), "dead letter")
+	require.NoError(t, c.deadLetter(ctx, m, []PublishOpt{WithHeader("X-Error", "poison")}, ""), "dead letter")
 	require.NoError(t, m.DoubleAck(ctx), "ack")
 	partition := c.topo.PartitionStream(Partition(topic.Tenant, c.topo.Partitions))
 	require.Equal(t, []string{partition}, pinnedPartitions(t, f.admin, c.topo), "the worker holds the partition it pulled from")

@@ -59,8 +59,9 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	if _, ok := h[HeaderEventID]; ok {
 		return outgoing{}, fmt.Errorf("%w: %q is the broker's own (a park and a redrive carry the event's ID in it)", ErrInvalidHeader, HeaderEventID)
 	}
-	if id, _ := ctx.Value(eventIDCarrier{}).(string); id != "" {
-		h[HeaderEventID] = []string{id}
+	carried, _ := ctx.Value(eventIDCarrier{}).(string)
+	if carried != "" {
+		h[HeaderEventID] = []string{carried}
 	}
 	if err := validateHeaders(h); err != nil {
 		return outgoing{}, err
@@ -76,11 +77,37 @@ func (c *natsCore) prepare(ctx context.Context, tenant, subject, stream string, 
 	h[HeaderIdempotencyKey], h[jetstream.ExpectedStreamHeader] = added[0:1:1], added[1:2:2]
 	size, limit := wireSize(h, stream, data), c.nc.MaxPayload()
 	if int64(size) > limit {
-		return outgoing{}, fmt.Errorf("%w: %s: %d bytes with headers, the server accepts %d",
-			ErrPayloadTooLarge, subject, size, limit)
+		return outgoing{}, &sizeError{subject: subject, size: size, limit: limit}
+	}
+	// An event on a partition must leave room for its park (park_room.go). A redrive
+	// (it carries its event's ID) need not: its park may hold a host's headers, and
+	// one refused would stay parked for ever, while a park of it cuts its error.
+	if stream != c.deadLetters && carried == "" {
+		if parked := size + c.parkGrowth(h, tenant, stream); int64(parked) > limit {
+			return outgoing{}, &sizeError{subject: subject, size: size, parked: parked, limit: limit}
+		}
 	}
 	return outgoing{subject: subject, stream: stream, header: h, data: data, wire: size}, nil
 }
+
+// sizeError is prepare's ErrPayloadTooLarge: an event of size bytes as sent, or of
+// parked bytes once parked (0: not the reason), that the server's limit refuses. A
+// park reads from it how much to cut.
+type sizeError struct {
+	subject      string
+	size, parked int
+	limit        int64
+}
+
+func (e *sizeError) Error() string {
+	if e.parked > 0 {
+		return fmt.Sprintf("%v: %s: %d bytes with headers, %d once parked (the poison policy's headers added), the server accepts %d",
+			ErrPayloadTooLarge, e.subject, e.size, e.parked, e.limit)
+	}
+	return fmt.Sprintf("%v: %s: %d bytes with headers, the server accepts %d", ErrPayloadTooLarge, e.subject, e.size, e.limit)
+}
+
+func (e *sizeError) Unwrap() error { return ErrPayloadTooLarge }
 
 // noRetries turns off jetstream's own retries: send retries with its own bound. One
 // option value for every publish, so none is built per call.
@@ -175,7 +202,7 @@ func wireSize(h Headers, stream string, data []byte) int {
 			continue // replaced by the client's
 		}
 		for _, v := range vs {
-			n += len(k) + len(": \r\n") + len(v)
+			n += headerLineLen(k, len(v))
 		}
 	}
 	return n

@@ -2,7 +2,7 @@ package mq
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -92,9 +92,17 @@ func (d *dispatcher) giveUp(attempt context.Context, e *entry, t *tries) (hold b
 	ctx, cancel := context.WithTimeout(trace.ContextWithSpan(context.Background(), trace.SpanFromContext(attempt)),
 		d.core.topo.PublishTimeout*(publishRetries+1))
 	defer cancel()
-	if err := d.core.deadLetter(ctx, e.msg, d.parkHeaders(e, t, DeadReasonHandlerFailed)); err != nil {
-		d.core.log.Error("mq: cannot park a poison event; it is retried", "stream", d.core.partitions[e.part],
-			"seq", e.seq, "attempt", e.attempt, "error", err)
+	if err := d.core.deadLetter(ctx, e.msg, d.parkHeaders(e, t, DeadReasonHandlerFailed), t.lastErr); err != nil {
+		msg := "mq: cannot park a poison event; it is retried"
+		if errors.Is(err, ErrPayloadTooLarge) {
+			// Publish kept room for the park (park_room.go), so the server's limits
+			// changed since: no retry fits until an operator raises them or removes
+			// the event. Kept rather than dropped, as every event that failed.
+			msg = "mq: a poison event is too large to park even without its error text; " +
+				"it is retried, holding its tenant, until the server's max payload (or the dead-letter stream's max message size) takes it"
+		}
+		d.core.log.Error(msg, "stream", d.core.partitions[e.part], "seq", e.seq, "attempt", e.attempt,
+			"topic", e.msg.key, "error", err)
 		_ = e.m.NakWithDelay(d.retryDelay(e))
 		return true
 	}
@@ -110,13 +118,14 @@ func (d *dispatcher) giveUp(attempt context.Context, e *entry, t *tries) (hold b
 	return false
 }
 
-// parkHeaders are the options that say why (reason) e was parked.
+// parkHeaders are the options that say why (reason) e was parked, but for the
+// handler's error, which park adds cut to what fits.
 func (d *dispatcher) parkHeaders(e *entry, t *tries, reason string) []PublishOpt {
 	first, last := t.first, t.last
 	if first.IsZero() {
 		first, last = time.Now(), time.Now()
 	}
-	opts := []PublishOpt{
+	return []PublishOpt{
 		WithHeader(HeaderDeadReason, reason),
 		WithHeader(HeaderDeadAttempts, strconv.Itoa(e.attempt)),
 		WithHeader(HeaderDeadPartition, strconv.Itoa(e.part)),
@@ -124,9 +133,8 @@ func (d *dispatcher) parkHeaders(e *entry, t *tries, reason string) []PublishOpt
 		WithHeader(HeaderDeadFirstAttempt, first.UTC().Format(time.RFC3339Nano)),
 		WithHeader(HeaderDeadLastAttempt, last.UTC().Format(time.RFC3339Nano)),
 		// One park per event, even when the park or its ack is retried.
-		WithIdempotencyKey(fmt.Sprintf("mq-park.%d.%d.%s", e.part, e.seq, e.msg.ID)),
+		WithIdempotencyKey(parkKey(e.part, e.seq, e.msg.ID)),
 	}
-	return append(opts, WithHeader(HeaderDeadError, oneLine(t.lastErr, maxDeadErrorLen)))
 }
 
 // oneLine makes s a header value: control characters become spaces, it is cut to at

@@ -72,7 +72,7 @@ func (d *dispatcher) parkIfVanished(v vanishedCheck) {
 	if !lost {
 		return
 	}
-	if err := c.deadLetter(ctx, e.msg, d.parkHeaders(e, &t, DeadReasonVanished)); err != nil {
+	if err := c.deadLetter(ctx, e.msg, d.parkHeaders(e, &t, DeadReasonVanished), t.lastErr); err != nil {
 		c.log.Error("mq: a retried event vanished from its partition and cannot be parked",
 			"stream", u.stream, "seq", e.seq, "topic", e.msg.key, "error", err)
 		return
