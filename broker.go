@@ -246,8 +246,8 @@ type DeadLetterQuery struct {
 }
 
 // DeadLetterSelector picks parked events of one tenant: All of them, one Table's
-// (every scope), or the IDs DeadLetters returned. Exactly one way must be given
-// (All with a Table means the Table).
+// (every scope), or the IDs DeadLetters returned. Exactly one way must be given:
+// none, or two at once, wraps ErrInvalidConfig and nothing is done.
 type DeadLetterSelector struct {
 	All   bool
 	Table string

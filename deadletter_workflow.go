@@ -196,10 +196,10 @@ func (c *natsCore) selected(ctx context.Context, op string, tenant TenantID, sel
 	if err := c.checkDLQCall(ctx, op, tenant); err != nil {
 		return err
 	}
+	if err := sel.check(op); err != nil {
+		return err
+	}
 	if len(sel.IDs) > 0 {
-		if sel.Table != "" {
-			return fmt.Errorf("%w: %s: select by ids or by table, not both", ErrInvalidConfig, op)
-		}
 		var ps []*parked
 		seen := map[uint64]bool{}
 		for _, id := range sel.IDs {
@@ -226,9 +226,6 @@ func (c *natsCore) selected(ctx context.Context, op string, tenant TenantID, sel
 		}
 		return nil
 	}
-	if !sel.All && sel.Table == "" {
-		return fmt.Errorf("%w: %s: select All, a Table or IDs", ErrInvalidConfig, op)
-	}
 	last, err := c.dlqLastSeq(ctx)
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
@@ -248,6 +245,21 @@ func (c *natsCore) selected(ctx context.Context, op string, tenant TenantID, sel
 		if err := each(p); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// check refuses a selector that does not give exactly one way: one of two ways
+// given at once would be dropped silently, All with IDs acting on the IDs alone.
+func (sel DeadLetterSelector) check(op string) error {
+	given := 0
+	for _, way := range []bool{sel.All, sel.Table != "", len(sel.IDs) > 0} {
+		if way {
+			given++
+		}
+	}
+	if given != 1 {
+		return fmt.Errorf("%w: %s: select exactly one of All, a Table or IDs (%d given)", ErrInvalidConfig, op, given)
 	}
 	return nil
 }

@@ -411,3 +411,29 @@ func TestEmbeddedNATS_CloseUnderDeadLetterReadsEndsEachWithSuccessOrErrClosed(t 
 	require.NoError(t, e.Close())
 	wg.Wait()
 }
+
+// TestDeadLetterSelector_TwoWaysAtOnceAreRefusedAndNothingIsDone: All with IDs acted on
+// the IDs alone, silently, while the selector's contract is exactly one way.
+func TestDeadLetterSelector_TwoWaysAtOnceAreRefusedAndNothingIsDone(t *testing.T) {
+	e := openEmbedded(t, "")
+	ctx := testCtx(t)
+	require.NoError(t, e.SetMaxBytes(ctx, "acme", 1<<20))
+	park(t, e, "acme", "orders", 2)
+	page, _, err := e.DeadLetters(ctx, "acme", DeadLetterQuery{})
+	require.NoError(t, err)
+	id := []string{page[0].ID}
+	for name, sel := range map[string]DeadLetterSelector{
+		"All and IDs":        {All: true, IDs: id},
+		"All and a Table":    {All: true, Table: "orders"},
+		"a Table and IDs":    {Table: "orders", IDs: id},
+		"All, Table and IDs": {All: true, Table: "orders", IDs: id},
+	} {
+		n, err := e.DeleteDeadLetters(ctx, "acme", sel)
+		assert.ErrorIs(t, err, ErrInvalidConfig, "delete, %s", name)
+		assert.Zero(t, n, "delete, %s", name)
+		n, err = e.Redrive(ctx, "acme", sel)
+		assert.ErrorIs(t, err, ErrInvalidConfig, "redrive, %s", name)
+		assert.Zero(t, n, "redrive, %s", name)
+	}
+	assert.Equal(t, uint64(2), parkedCount(t, e, "acme", ""), "nothing removed")
+}

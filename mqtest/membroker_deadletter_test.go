@@ -213,10 +213,12 @@ func (b *memBroker) takeParked(ctx context.Context, tenant mq.TenantID, sel mq.D
 }
 
 // selectParkedLocked returns tenant's parks sel picks, oldest first: its IDs (each
-// must be tenant's park), else its Table, else All of them.
+// must be tenant's park), its Table, or All of them; exactly one must be given.
 func (b *memBroker) selectParkedLocked(tenant mq.TenantID, sel mq.DeadLetterSelector) ([]*memEvent, error) {
 	var picked []*memEvent
 	switch {
+	case (sel.All && sel.Table != "") || (len(sel.IDs) > 0 && (sel.All || sel.Table != "")):
+		return nil, fmt.Errorf("mem: dead letters of %s: the selector gives two ways: %w", tenant, mq.ErrInvalidConfig)
 	case len(sel.IDs) > 0:
 		want := map[string]bool{}
 		for _, id := range sel.IDs {
