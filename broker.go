@@ -226,7 +226,8 @@ type DeadLetterer interface {
 	// topic, with the option headers added. It does not settle msg: the caller acks it
 	// once the park is confirmed, so a failed park leaves it to be redelivered. msg's
 	// own idempotency key is not reused; one set by an option is scoped to msg's
-	// tenant, as on Publish.
+	// tenant, as on Publish. A "Nats-" header among msg's own headers (a message the
+	// host built; a delivered one has none) is refused with ErrInvalidHeader.
 	DeadLetter(ctx context.Context, msg *Message, opts ...PublishOpt) error
 	// DeadLetterCounts counts tenant's parked events per table. A non-empty table
 	// narrows Tables to that table and all its scopes; Total is never narrowed. A read

@@ -28,10 +28,14 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	if msg == nil || msg.key == "" {
 		return fmt.Errorf("%w: dead letter: the message has no topic key", ErrInvalidTopic)
 	}
-	base := make(Headers, len(msg.Headers)+1)
-	for k, v := range msg.Headers {
-		if !reserved(k) {
-			base[k] = v
+	// A delivered message has no "Nats-" header (see Message.Headers); one a host put
+	// in a message it built is refused as on Publish, not dropped unseen, since the
+	// host meant something by it. The message's own key is never reused: a park
+	// takes one from WithIdempotencyKey alone.
+	for k := range msg.Headers {
+		if reserved(k) {
+			return fmt.Errorf("%w: dead letter: the message's own header %q: names starting with \"Nats-\" are reserved for the broker (a park's key is set with WithIdempotencyKey)",
+				ErrInvalidHeader, k)
 		}
 	}
 	ctx = carryingEventID(ctx, msg.ID) // for a redrive to keep
@@ -42,7 +46,7 @@ func (c *natsCore) deadLetter(ctx context.Context, msg *Message, opts []PublishO
 	// a foreign producer chose: it must not add values to mq.tenant.
 	ctx, span := c.startSend(ctx, opDeadLetter, toDeadLetters, -1, msg.Topic().Tenant, 1)
 	defer func() { span.end(err) }()
-	ev, err := c.prepareFitting(ctx, tenant, c.subs.deadLetter(msg.key), base, msg.Data, opts, deadErr)
+	ev, err := c.prepareFitting(ctx, tenant, c.subs.deadLetter(msg.key), msg.Headers, msg.Data, opts, deadErr)
 	if err != nil {
 		return fmt.Errorf("dead letter: %w", err)
 	}
