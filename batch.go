@@ -56,8 +56,12 @@ type BatchPublisher interface {
 	// sent. A failure after sending is a *BatchError naming the events not confirmed;
 	// retrying the batch with idempotency keys on its events stores each event once.
 	// An atomic batch larger than the broker accepts in one unit wraps
-	// ErrPayloadTooLarge. An empty batch of a valid tenant is a no-op; an invalid
-	// tenant is refused, events or none. Errors wrap the sentinels
-	// Publish's do, or are ctx's error.
+	// ErrPayloadTooLarge. An atomic batch the server refuses because it holds too many
+	// open batches (on the NATS brokers: max_batch_inflight_per_stream, 50 a partition
+	// by default, or max_batch_inflight_total) wraps ErrUnavailable: retry later. An
+	// atomic batch whose ctx ended while it was sent holds its slot until the server's
+	// batch timeout (10 s by default). An empty batch of a valid tenant is a no-op; an
+	// invalid tenant is refused, events or none. Errors wrap the sentinels Publish's
+	// do, or are ctx's error.
 	PublishBatch(ctx context.Context, b Batch) error
 }

@@ -23,6 +23,10 @@ const (
 	errTextInsufficient     = "insufficient resources"
 	jsErrStreamNotMatchCode = 10060
 	jsErrMsgTooLargeCode    = 10054
+	// The server holds too many open batches (429), on the stream or in all: atomic
+	// (10210) or fast (10211). A batch ends within the server's batch timeout.
+	jsErrAtomicTooManyInflight = 10210
+	jsErrBatchTooManyInflight  = 10211
 )
 
 // outgoing is an event ready to send: its subject, the stream that must store it, its
@@ -362,6 +366,8 @@ func (c *natsCore) mapPublishError(ev outgoing, err error) error {
 		return fmt.Errorf("%w: stream %s refused %s: %w", ErrQueueFull, ev.stream, ev.subject, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrMsgTooLargeCode:
 		return fmt.Errorf("%w: stream %s refused %s: %w", ErrPayloadTooLarge, ev.stream, ev.subject, err)
+	case tooManyBatches(err):
+		return fmt.Errorf("%w: stream %s holds too many open batches, retry later: %w", ErrUnavailable, ev.stream, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStreamNotMatchCode:
 		c.lostTopology(ev.stream, err)
 		return fmt.Errorf("%w: %s is not stored by stream %s: %w", ErrUnavailable, ev.subject, ev.stream, err)

@@ -194,11 +194,20 @@ func (c *natsCore) sendChunked(ctx context.Context, b outBatch) []stored {
 // refusedWhole reports whether an atomic chunk failed for something its events may
 // not share (a limit, a size): sent one by one, some may be stored. A chunk that went
 // unanswered or found the broker closed is not sent again: its retries are spent,
-// and its callers have waited long enough.
+// and its callers have waited long enough. A chunk refused for the server's open
+// batches, ErrUnavailable too, is sent again: one by one it takes no batch slot.
 func refusedWhole(results []stored) bool {
 	err := batchError(results)
-	return err != nil && !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrClosed) &&
-		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	return err != nil && (tooManyBatches(err) || !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrClosed) &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded))
+}
+
+// tooManyBatches reports whether the server refused err's batch for holding too many
+// open batches.
+func tooManyBatches(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jsErrAtomicTooManyInflight || apiErr.ErrorCode == jsErrBatchTooManyInflight)
 }
 
 // minAtomicChunk is the smallest chunk sendChunked sends atomic. A single-server
