@@ -118,7 +118,7 @@
 // # Read a failure
 //
 // A failure is reported under the case's subtest, TestMyBroker_Conformance/<Name>:
-// look the name up in [Cases] (or its godoc) for what the case proves, what it
+// look the name up in [Cases] (or the README's table) for what the case proves, what it
 // published and which hooks and flags it relied on. The message says which path
 // failed (consume, subscribe, replay) and what was expected, for example
 //

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -226,6 +227,22 @@ type Case struct {
 	// roughly how many events. Tenants besides Acme and Globex are budgeted by the
 	// case with SetMaxBytes.
 	Publishes string
+}
+
+// Cases describes every case [Run] runs, in the order it runs them. The case's code
+// is in the cases_*.go file of its area; the repository's README tables them all.
+func Cases() []Case {
+	var out []Case
+	for _, c := range cases() {
+		out = append(out, Case{
+			Name:      c.name,
+			Proves:    c.proves,
+			Hooks:     slices.Clone(c.hooks),
+			Flags:     slices.Clone(c.flags),
+			Publishes: c.publishes,
+		})
+	}
+	return out
 }
 
 // testCase is one conformance case: its description (see Case) and how it runs. skip
