@@ -26,6 +26,14 @@ func healthCases() []testCase {
 			skip:      needEndDelivery,
 			run:       healthFollowsDelivery,
 		},
+		{
+			name: "HealthWithACancelledContextReturnsTheContextsError",
+			proves: "Health under a context already cancelled returns an error wrapping " +
+				"context.Canceled, as mq.HealthChecker promises. Skipped for a broker that " +
+				"is no mq.HealthChecker.",
+			publishes: "nothing",
+			run:       healthWithACancelledContext,
+		},
 	}
 }
 
@@ -55,4 +63,15 @@ func healthFollowsDelivery(t *testing.T, h Harness) {
 
 	require.NoError(t, e.b.Close())
 	assert.ErrorIs(t, check(), mq.ErrClosed, "Health after Close")
+}
+
+// A host calls Health every few seconds under a deadline of its own, and must be able
+// to tell its ended ctx from a broker at fault.
+func healthWithACancelledContext(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hc := optional[mq.HealthChecker](t, e.b)
+	cancelled, cancel := context.WithCancel(e.ctx)
+	cancel()
+	assert.ErrorIs(t, hc.Health(cancelled), context.Canceled,
+		"Health under a cancelled context: mq.HealthChecker promises ctx's error, so a host can tell it from the broker's")
 }

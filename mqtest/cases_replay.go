@@ -97,6 +97,14 @@ func replayCases() []testCase {
 			publishes: "events on acme/r",
 			run:       oldestSequenceBoundsReplays,
 		},
+		{
+			name: "OldestSequenceWithADoneContextReturnsTheContextsError",
+			proves: "OldestSequence under a context already cancelled or expired returns an " +
+				"error wrapping that context's error, as mq.HistoryHorizon promises. " +
+				"Skipped for a broker that is no mq.HistoryHorizon.",
+			publishes: "nothing",
+			run:       oldestSequenceWithADoneContext,
+		},
 	}
 }
 
@@ -362,5 +370,21 @@ func replaySinceOutOfRange(t *testing.T, h Harness) {
 		got, err := e.tryReplay(tp, c.since, 0)
 		require.NoError(t, err, "replay since %v", c.since)
 		assert.Equal(t, c.want, got, "replay since %v", c.since)
+	}
+}
+
+// A host calls OldestSequence before a replay under a deadline of its own, and must be
+// able to tell its ended ctx from a broker at fault.
+func oldestSequenceWithADoneContext(t *testing.T, h Harness) {
+	e := setup(t, h)
+	hh := optional[mq.HistoryHorizon](t, e.b)
+	cancelled, cancel := context.WithCancel(e.ctx)
+	cancel()
+	expired, cancel2 := context.WithDeadline(e.ctx, time.Now().Add(-time.Second))
+	defer cancel2()
+	for _, ctx := range []context.Context{cancelled, expired} {
+		_, err := hh.OldestSequence(ctx)
+		assert.ErrorIs(t, err, ctx.Err(),
+			"OldestSequence under a done context: mq.HistoryHorizon promises ctx's error when ctx ends first")
 	}
 }

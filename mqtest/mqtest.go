@@ -293,7 +293,6 @@ func cases() []testCase {
 		purgeCases(),
 		closeCases(),
 		healthCases(),
-		optionalContextCases(),
 		restartCases(),
 	} {
 		all = append(all, group...)
