@@ -132,8 +132,10 @@ func eventIDOr(set string, tenant TenantID, msgID string) string {
 	if set != "" {
 		return set
 	}
-	if key, ok := strings.CutPrefix(msgID, string(tenant)+"."); ok && tenant != "" {
-		return key
+	// Cut without building tenant+".": Publish counts a park's size (parkGrowth)
+	// with this on every call.
+	if n := len(tenant); n > 0 && len(msgID) > n && msgID[n] == '.' && msgID[:n] == string(tenant) {
+		return msgID[n+1:]
 	}
 	return msgID
 }

@@ -174,25 +174,34 @@ func (d *dispatcher) backlogArrived(u *unit, tenant TenantID, seq uint64) {
 		}
 		return
 	}
-	due := b.tenants[tenant]
-	i, found := slices.BinarySearch(due, seq)
+	found, cleared := takeDue(b.tenants, tenant, seq)
 	if !found {
 		return
 	}
 	b.arrived++
-	due = slices.Delete(due, i, i+1)
 	if b.arrived >= b.want {
 		d.endBacklog(u, allPendingArrived, seq)
 		return
 	}
-	if len(due) > 0 {
-		b.tenants[tenant] = due
-		return
-	}
-	delete(b.tenants, tenant)
-	if l := d.lanes[tenant]; l != nil {
+	if l := d.lanes[tenant]; cleared && l != nil {
 		d.schedule(l)
 	}
+}
+
+// takeDue removes tenant's event seq from due, each tenant's events in sequence
+// order, and reports whether it was there and whether the tenant has none left.
+func takeDue(due map[TenantID][]uint64, tenant TenantID, seq uint64) (found, cleared bool) {
+	seqs := due[tenant]
+	i, found := slices.BinarySearch(seqs, seq)
+	if !found {
+		return false, false
+	}
+	if seqs = slices.Delete(seqs, i, i+1); len(seqs) > 0 {
+		due[tenant] = seqs
+		return true, false
+	}
+	delete(due, tenant)
+	return true, true
 }
 
 // allPendingArrived is the reason a backlog ends when nothing of it is held elsewhere.

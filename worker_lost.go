@@ -141,16 +141,9 @@ func (d *dispatcher) awaitLost(u *unit, tenants map[TenantID][]uint64) {
 // lostArrived notes the arrival of tenant's event seq on partition u, which may be
 // one it waits for. Called with d.mu held.
 func (d *dispatcher) lostArrived(u *unit, tenant TenantID, seq uint64) {
-	due := u.lost.tenants[tenant]
-	i, found := slices.BinarySearch(due, seq)
-	if !found {
+	if _, cleared := takeDue(u.lost.tenants, tenant, seq); !cleared {
 		return
 	}
-	if due = slices.Delete(due, i, i+1); len(due) > 0 {
-		u.lost.tenants[tenant] = due
-		return
-	}
-	delete(u.lost.tenants, tenant)
 	if len(u.lost.tenants) == 0 {
 		u.lost = nil
 	}
