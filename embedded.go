@@ -107,7 +107,8 @@ var (
 const (
 	defaultReadyTimeout = 10 * time.Second
 	bootTimeout         = 30 * time.Second
-	sourceAttachWait    = 10 * time.Second
+	sourceAttachWait    = 25 * time.Second // past the server's first retry (awaitSources)
+	sourceAttachSlow    = 2 * time.Second
 	rebuildFetch        = 1024
 	rebuildWait         = time.Second
 	closeFlushTimeout   = 2 * time.Second
