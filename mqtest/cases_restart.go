@@ -91,7 +91,7 @@ func (e *env) settle(tp mq.Topic, n int) {
 }
 
 func idleRestartDeliversEverything(t *testing.T, h Harness) {
-	e := setup(t, h)
+	e := setupRestarting(t, h, 2)
 	const n = 10
 	for i := range n {
 		e.publish(topic(Acme, "r", ""), fmt.Sprint(i))
@@ -109,7 +109,7 @@ func idleRestartDeliversEverything(t *testing.T, h Harness) {
 }
 
 func restartRedeliversUnsettled(t *testing.T, h Harness) {
-	e := setup(t, h)
+	e := setupRestarting(t, h, 1)
 	const n = 12
 	// One tenant per event: a nak holds its tenant's later events until it is
 	// settled, and these naks never settle.
@@ -172,7 +172,7 @@ func restartRedeliversUnsettled(t *testing.T, h Harness) {
 }
 
 func restartKeepsDeadLettersAndBudgets(t *testing.T, h Harness) {
-	e := setup(t, h)
+	e := setupRestarting(t, h, 2)
 	require.NoError(t, e.b.SetMaxBytes(e.ctx, Acme, 40<<20))
 	e.park(topic(Acme, "orders", "eu"), "poison-1")
 	e.park(topic(Acme, "orders", ""), "poison-2")
@@ -198,7 +198,7 @@ func restartKeepsEnforcing(t *testing.T, h Harness) {
 	if !h.Caps.PerTenantBudget || !h.Caps.StoresBudgets {
 		t.Skip("needs Caps.PerTenantBudget and Caps.StoresBudgets")
 	}
-	e := setup(t, h)
+	e := setupRestarting(t, h, 1)
 	// Find the budget that holds exactly k events of this size, by filling a fresh one.
 	tp := topic(Acme, "b", "")
 	const event = "0123456789abcdef0123456789abcdef"

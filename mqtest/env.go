@@ -33,9 +33,19 @@ type env struct {
 // case is "over" (handlers stop reporting) before the broker's own cleanup closes it.
 func setup(t *testing.T, h Harness) *env {
 	t.Helper()
+	return setupRestarting(t, h, 0)
+}
+
+// setupRestarting is setup for a case that restarts the broker that many times: its
+// context allows each restart restartBudget more, since a broker opening its store
+// again may take a while (EmbeddedNATS waits up to 25 s for its history to attach
+// the partitions), and the calls after the restarts must not fail for the time the
+// restarts took.
+func setupRestarting(t *testing.T, h Harness, restarts int) *env {
+	t.Helper()
 	b := h.New(t)
 	require.NotNil(t, b, "Harness.New returned nil")
-	ctx, cancel := context.WithTimeout(t.Context(), 4*wait)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*wait+time.Duration(restarts)*restartBudget)
 	e := &env{t: t, h: h, b: b, ctx: ctx, over: make(chan struct{})}
 	t.Cleanup(func() {
 		close(e.over)

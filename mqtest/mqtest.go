@@ -39,6 +39,8 @@ var (
 	quiet   = baseQuiet
 	ackWait = baseAckWait
 	idle    = baseIdle
+	// restartBudget is what a case's context allows each restart of its broker.
+	restartBudget = baseRestartBudget
 )
 
 const (
@@ -48,7 +50,8 @@ const (
 	// baseIdle: a broker that finishes work in the background (a history copying
 	// events, a flush) has done it by then, as between a host's last event and a
 	// deploy.
-	baseIdle = 2 * time.Second
+	baseIdle          = 2 * time.Second
+	baseRestartBudget = 30 * time.Second
 	// waitScaleEnv names the environment variable that scales wait and quiet.
 	waitScaleEnv = "MQTEST_WAIT_SCALE"
 	// poll is the pause between two attempts of an eventual check.
@@ -351,6 +354,7 @@ func Run(t *testing.T, h Harness) {
 func setWindows(scale float64) {
 	wait, quiet = scaled(baseWait, scale), scaled(baseQuiet, scale)
 	ackWait, idle = scaled(baseAckWait, scale), scaled(baseIdle, scale)
+	restartBudget = scaled(baseRestartBudget, scale)
 }
 
 // waitScale is WaitScale (0 means 1) times MQTEST_WAIT_SCALE (unset means 1); either
