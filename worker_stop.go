@@ -349,9 +349,12 @@ func (d *dispatcher) takeHeld(u *unit) []*entry {
 // unpin lets the server pin u's partition to the next worker now rather than after
 // the pinned TTL (measured: a second Consume in one process waited the whole 15 s). A
 // partition the server pinned to another worker since is left alone: unpinning it
-// would let a third take it while that one holds events unsettled.
+// would let a third take it while that one holds events unsettled. The durable is
+// read again: its pin can have changed since the release's first read (see
+// pinnedToADrainedPull).
 func (d *dispatcher) unpin(ctx context.Context, u *unit, cons jetstream.Consumer) {
-	if !pinnedHere(cons.CachedInfo(), u) {
+	info, err := cons.Info(ctx)
+	if err != nil || !pinnedHere(info, u) && !pinnedToADrainedPull(info, u) {
 		return
 	}
 	stream, err := d.core.js.Stream(ctx, u.stream)
