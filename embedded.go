@@ -230,6 +230,9 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	if err := e.prepareLegacyStore(dir); err != nil {
 		return err
 	}
+	if err := e.detachHistory(dir); err != nil {
+		return err
+	}
 	srv, err := server.NewServer(sopts)
 	if err != nil {
 		return fmt.Errorf("embedded nats: server: %w", err)
