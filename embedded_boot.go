@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,36 +87,46 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 }
 
 // awaitSources waits, bounded by sourceAttachWait, until the history has attached
-// every partition: an event a worker acknowledges on a partition not attached yet can
-// be removed before the history copied it, and the hub and ReplaySince never see it.
-// The server attaches the partitions 100-200 ms after it restored the history; one it
-// restored later than that is missed, and the server tries it again only about 12 s
-// later (a 2 s throttle plus a 10 s backoff). Measured under a loaded conformance
-// run (16 brokers at once on 2 cores): about 1 start in 130, attached 8.9 to 11.4 s
-// into the wait in 3 such starts, twice after the 10 s this wait used to end at. So
-// the wait outlasts the retry, and says why the start is slow.
+// every partition: an event a worker acknowledges on a partition the history has no
+// source consumer on yet (a new store, more partitions) is removed before the history
+// copies it, and the hub and ReplaySince never see it.
+// The boot sets the history's sources once every partition exists (the start detaches
+// them, embedded_detach.go), and the server attaches them at once. A source it misses
+// is tried again only about 12 s later (a 2 s throttle plus a 10 s backoff): when the
+// server attached the sources itself during its recovery, it missed a partition
+// restored after the history about once in 130 starts of a loaded conformance run,
+// and attached it 8.9 to 11.4 s into this wait (measured, 3 starts). The bound
+// outlasts such a retry, and the wait says why the start is slow. Attached means the
+// source consumer exists; the copies themselves resume seconds later.
 func (e *EmbeddedNATS) awaitSources(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, sourceAttachWait)
 	defer cancel()
 	began := time.Now()
 	warned := false
+	var missing []string // as last read
+	var cause, readErr error
 	for {
-		missing, cause, err := e.unattachedSources(ctx)
-		if err == nil && len(missing) == 0 {
-			if warned {
-				e.log.Info("mq: the history attached every partition", "stream", e.topo.HistoryStream,
-					"after", time.Since(began).Round(time.Millisecond))
+		var m []string
+		m, cause, readErr = e.unattachedSources(ctx)
+		if readErr == nil {
+			missing = m
+			if len(missing) == 0 {
+				if warned {
+					e.log.Info("mq: the history attached every partition", "stream", e.topo.HistoryStream,
+						"after", time.Since(began).Round(time.Millisecond))
+				}
+				return
 			}
-			return
 		}
-		if err == nil && !warned && time.Since(began) > sourceAttachSlow {
+		if !warned && time.Since(began) > sourceAttachSlow {
 			warned = true
 			e.log.Warn("mq: the history has not attached every partition yet; the start waits for the server to try again",
-				"stream", e.topo.HistoryStream, "partitions", missing, "error", cause)
+				"stream", e.topo.HistoryStream, "partitions", missing, "error", cmp.Or(cause, readErr))
 		}
 		if sleepCtx(ctx, 20*time.Millisecond) != nil {
-			e.log.Error("mq: the history has not attached every partition; events acknowledged before it does never reach the hub or a replay",
-				"stream", e.topo.HistoryStream, "partitions", missing, "waited", time.Since(began).Round(time.Millisecond))
+			e.log.Error("mq: the history has not attached every partition; events acknowledged before it does may never reach the hub or a replay",
+				"stream", e.topo.HistoryStream, "partitions", missing, "error", cmp.Or(cause, readErr),
+				"waited", time.Since(began).Round(time.Millisecond))
 			return
 		}
 	}

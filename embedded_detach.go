@@ -32,7 +32,8 @@ import (
 // (createStream with the topology's history) once every partition and its durable are
 // recovered. The history then resumes each partition after the last event it copied.
 // Until then the partitions' source consumers, recovered after the durable, keep what
-// the history has not copied.
+// the history has not copied. Detached, the history has the server's default subject,
+// its own name, for the boot's few hundred milliseconds; nothing of mq publishes to it.
 
 // Names in nats-server's file store (filestore.go), read in v2.15.3.
 const (
@@ -50,7 +51,7 @@ const (
 func (e *EmbeddedNATS) detachHistory(dir string) error {
 	sdir := filepath.Join(dir, "jetstream", "$G", "streams", e.topo.HistoryStream)
 	meta, sum := filepath.Join(sdir, storeMetaFile), filepath.Join(sdir, storeMetaSum)
-	if err := finishDetach(meta, sum); err != nil {
+	if err := finishDetach(e.topo.HistoryStream, meta, sum); err != nil {
 		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
 	}
 	buf, err := os.ReadFile(meta)
@@ -93,19 +94,23 @@ func (e *EmbeddedNATS) detachHistory(dir string) error {
 	if err := os.Rename(sum+storeMetaPending, sum); err != nil {
 		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
 	}
+	if err := syncDir(sdir); err != nil {
+		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
+	}
 	e.log.Debug("mq: the history starts without its sources; the start attaches them once the partitions are recovered",
 		"stream", e.topo.HistoryStream)
 	return nil
 }
 
-// finishDetach completes or drops a detachHistory that a crash interrupted: with only
-// the new checksum left, the configuration was renamed already and the checksum must
-// follow; with both left, neither was, and the old pair stands.
-func finishDetach(meta, sum string) error {
+// finishDetach completes or drops a detachHistory that a crash interrupted. With
+// only the new checksum left, the configuration was renamed already and the checksum
+// follows, if it is the configuration's (anything else opened the store since, the
+// stale file goes); with both left, neither was renamed, and the old pair stands.
+func finishDetach(stream, meta, sum string) error {
 	_, metaErr := os.Stat(meta + storeMetaPending)
-	_, sumErr := os.Stat(sum + storeMetaPending)
+	pending, sumErr := os.ReadFile(sum + storeMetaPending)
 	switch {
-	case sumErr != nil: // nothing pending (a lone new configuration is never renamed)
+	case sumErr != nil: // no new checksum: a lone new configuration was never renamed
 		if metaErr == nil {
 			return os.Remove(meta + storeMetaPending)
 		}
@@ -115,9 +120,15 @@ func finishDetach(meta, sum string) error {
 			return err
 		}
 		return os.Remove(sum + storeMetaPending)
-	default:
-		return os.Rename(sum+storeMetaPending, sum)
 	}
+	buf, err := os.ReadFile(meta)
+	if err != nil {
+		return err
+	}
+	if want, err := storeChecksum(stream, buf); err != nil || want != string(pending) {
+		return os.Remove(sum + storeMetaPending)
+	}
+	return os.Rename(sum+storeMetaPending, sum)
 }
 
 // storeChecksum is the checksum nats-server keeps beside a stream's configuration:
@@ -130,6 +141,19 @@ func storeChecksum(stream string, meta []byte) (string, error) {
 	}
 	_, _ = hh.Write(meta)
 	return hex.EncodeToString(hh.Sum(nil)), nil
+}
+
+// syncDir makes the renames in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	if err := d.Sync(); err != nil {
+		_ = d.Close()
+		return err
+	}
+	return d.Close()
 }
 
 // writeSynced writes data to path and syncs it, so a rename after it never exposes a

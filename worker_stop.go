@@ -353,12 +353,17 @@ func (d *dispatcher) takeHeld(u *unit) []*entry {
 // read again: its pin can have changed since the release's first read (see
 // pinnedToADrainedPull).
 func (d *dispatcher) unpin(ctx context.Context, u *unit, cons jetstream.Consumer) {
-	info, err := cons.Info(ctx)
-	if err != nil || !pinnedHere(info, u) && !pinnedToADrainedPull(info, u) {
-		return
-	}
+	// The stream first: the read of the durable and the unpin follow each other at
+	// once, the unpin naming no pin.
 	stream, err := d.core.js.Stream(ctx, u.stream)
 	if err == nil {
+		info, ierr := cons.Info(ctx)
+		if ierr != nil {
+			info = cons.CachedInfo() // the release's first read
+		}
+		if !pinnedHere(info, u) && !pinnedToADrainedPull(info, u) {
+			return
+		}
 		err = stream.UnpinConsumer(ctx, d.durable, u.group)
 	}
 	if err != nil {

@@ -149,18 +149,18 @@ func pinnedHere(info *jetstream.ConsumerInfo, u *unit) bool {
 }
 
 // pinnedToADrainedPull reports whether info shows partition u pinned to a pull that
-// got nothing since this worker took u, while this worker got nothing either. That is
-// this worker's own drained pull: nats-server (v2.15.3, and its main branch in
-// December 2026) pins a partition without a pin to the first waiting request before it
-// checks that anyone still listens to it, then drops the request and keeps the pin
-// for the whole pinned TTL. An event that reaches the server between the release's
-// drain and its read of the durable does it (upstream_pin_test.go pins that). Measured
-// in the conformance suite under load (two suites of 16 cases at once on 2 cores,
-// with the race detector): the next owner got nothing of the partition for 5 s in 3
-// of 34 runs before, in none of 40 after. Only this worker pulled u since the take (the group hands a
-// partition on once it is released), and the durable delivered nothing since, so the
-// pin's holder holds nothing of u: unpinning it cannot let a tenant's events
-// interleave.
+// got nothing: a pin new since this worker took u, with nothing delivered since, by
+// the durable or to this worker. nats-server (v2.15.3, consumer.nextWaiting) gives a
+// pin only to the pull it is about to deliver to, which counts the delivery, except
+// when nobody listens to that pull any more: then it drops the pull, delivers
+// nothing, and keeps the pin for the whole pinned TTL (upstream_pin_test.go pins it).
+// This worker's pull drained before its first event is such a pull when an event
+// reaches the server between the release's drain and its read of the durable. The
+// pin's holder holds nothing of u, so unpinning it cannot let a tenant's events
+// interleave, whoever pulled. Measured in the conformance suite under load (two
+// suites at once on 2 cores, race detector): the next owner got nothing of the
+// partition within the case's 5 s wait (the pinned TTL is 15 s) in 3 of 34 runs
+// before, in none of 40 after.
 func pinnedToADrainedPull(info *jetstream.ConsumerInfo, u *unit) bool {
 	pin := groupPin(info, u.group)
 	return pin != "" && pin != u.pinAtTake && u.pin.Load() == nil && info.Delivered.Consumer == u.lastDelivery.Load()

@@ -81,7 +81,8 @@
 // for something that should happen gives up after 5 s with no progress; something
 // that must not happen is watched for 300 ms; the cases that need the ack wait to
 // redeliver set an AckWait of 200 ms; a restart case leaves the broker idle 2 s before
-// restarting it. All four scale by [Harness.WaitScale] times the environment variable
+// restarting it, and each restart adds 30 s to the case's context. All five scale by
+// [Harness.WaitScale] times the environment variable
 // MQTEST_WAIT_SCALE (each 1 when unset). The scale is there so that a slow machine
 // does not pass for a slow broker: on a loaded machine (-race, a high -parallel on few
 // cores, a busy CI runner) a handler's ack can take longer than 200 ms to reach the

@@ -354,7 +354,8 @@ func Run(t *testing.T, h Harness) {
 func setWindows(scale float64) {
 	wait, quiet = scaled(baseWait, scale), scaled(baseQuiet, scale)
 	ackWait, idle = scaled(baseAckWait, scale), scaled(baseIdle, scale)
-	restartBudget = scaled(baseRestartBudget, scale)
+	// Never below the base: a broker's start does not speed up with a small scale.
+	restartBudget = max(scaled(baseRestartBudget, scale), baseRestartBudget)
 }
 
 // waitScale is WaitScale (0 means 1) times MQTEST_WAIT_SCALE (unset means 1); either
