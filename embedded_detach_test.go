@@ -20,6 +20,7 @@ import (
 // start attaches every partition before it returns: a replay has every event once,
 // and an event published after it reaches the history once.
 func TestEmbeddedNATS_TheServerRecoversTheStoreWithTheHistoryDetachedAndTheStartAttachesIt(t *testing.T) {
+	t.Parallel() // most of it waits for the history's copies to resume
 	dir := filepath.Join(t.TempDir(), "store")
 	e := openEmbedded(t, dir)
 	ctx := testCtx(t)
@@ -66,6 +67,7 @@ func TestEmbeddedNATS_TheServerRecoversTheStoreWithTheHistoryDetachedAndTheStart
 // checksum that is not the configuration's (the store opened by something else since)
 // is dropped. Each store then starts with every partition attached.
 func TestDetachHistory_FinishesOrDropsWhatACrashLeft(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name      string
 		renamed   bool     // the new configuration replaced the old one before the crash
