@@ -1,7 +1,6 @@
 package mq
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -104,28 +103,29 @@ func (e *EmbeddedNATS) awaitSources(ctx context.Context) {
 	began := time.Now()
 	warned := false
 	var missing []string // as last read
-	var cause, readErr error
+	var cause error      // the server's, or the read's
 	for {
-		var m []string
-		m, cause, readErr = e.unattachedSources(ctx)
-		if readErr == nil {
-			missing = m
-			if len(missing) == 0 {
-				if warned {
-					e.log.Info("mq: the history attached every partition", "stream", e.topo.HistoryStream,
-						"after", time.Since(began).Round(time.Millisecond))
-				}
-				return
+		m, c, err := e.unattachedSources(ctx)
+		switch {
+		case err != nil:
+			cause = err
+		case len(m) == 0:
+			if warned {
+				e.log.Info("mq: the history attached every partition", "stream", e.topo.HistoryStream,
+					"after", time.Since(began).Round(time.Millisecond))
 			}
+			return
+		default:
+			missing, cause = m, c
 		}
 		if !warned && time.Since(began) > sourceAttachSlow {
 			warned = true
 			e.log.Warn("mq: the history has not attached every partition yet; the start waits for the server to try again",
-				"stream", e.topo.HistoryStream, "partitions", missing, "error", cmp.Or(cause, readErr))
+				"stream", e.topo.HistoryStream, "partitions", missing, "error", cause)
 		}
 		if sleepCtx(ctx, 20*time.Millisecond) != nil {
 			e.log.Error("mq: the history has not attached every partition; events acknowledged before it does may never reach the hub or a replay",
-				"stream", e.topo.HistoryStream, "partitions", missing, "error", cmp.Or(cause, readErr),
+				"stream", e.topo.HistoryStream, "partitions", missing, "error", cause,
 				"waited", time.Since(began).Round(time.Millisecond))
 			return
 		}

@@ -43,63 +43,76 @@ const (
 	storeMetaPending = ".new" // detachHistory's copies before they replace the store's
 )
 
+// storeStreamDir is where stream lives in the file store under dir, for the
+// in-process account ($G).
+func storeStreamDir(dir, stream string) string {
+	return filepath.Join(dir, "jetstream", "$G", "streams", stream)
+}
+
 // detachHistory removes the sources from the history's stored configuration in dir,
 // before the server starts. It does nothing to a store without a history, to a history
 // without sources, or to an encrypted one. It writes the configuration and its
 // checksum as new files first and renames them over the old ones in that order; a
 // crash between the two renames is finished at the next start.
 func (e *EmbeddedNATS) detachHistory(dir string) error {
-	sdir := filepath.Join(dir, "jetstream", "$G", "streams", e.topo.HistoryStream)
+	sdir := storeStreamDir(dir, e.topo.HistoryStream)
+	detached, err := detachSources(e.topo.HistoryStream, sdir)
+	if err != nil {
+		return fmt.Errorf("embedded nats: store %s: detach the history's sources: %w", sdir, err)
+	}
+	if detached {
+		e.log.Debug("mq: the history starts without its sources; the start attaches them once the partitions are recovered",
+			"stream", e.topo.HistoryStream)
+	}
+	return nil
+}
+
+// detachSources is detachHistory on stream's directory sdir: it reports whether it
+// removed sources.
+func detachSources(stream, sdir string) (bool, error) {
 	meta, sum := filepath.Join(sdir, storeMetaFile), filepath.Join(sdir, storeMetaSum)
-	if err := finishDetach(e.topo.HistoryStream, meta, sum); err != nil {
-		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
+	if err := finishDetach(stream, meta, sum); err != nil {
+		return false, err
 	}
 	buf, err := os.ReadFile(meta)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil // a new store
-	case err != nil:
-		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil // a new store
+	}
+	if err != nil {
+		return false, err
 	}
 	if _, err := os.Stat(filepath.Join(sdir, storeMetaKey)); err == nil {
-		return nil // encrypted: not this broker's store
+		return false, nil // encrypted: not this broker's store
 	}
 	var cfg map[string]json.RawMessage
 	if err := json.Unmarshal(buf, &cfg); err != nil {
-		return fmt.Errorf("embedded nats: store %s: the history's configuration: %w", sdir, err)
+		return false, err
 	}
 	if _, ok := cfg["sources"]; !ok {
-		return nil
+		return false, nil
 	}
 	delete(cfg, "sources")
 	out, err := json.Marshal(cfg)
 	if err != nil {
-		return fmt.Errorf("embedded nats: store %s: the history's configuration: %w", sdir, err)
+		return false, err
 	}
-	checksum, err := storeChecksum(e.topo.HistoryStream, out)
+	checksum, err := storeChecksum(stream, out)
 	if err != nil {
-		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
+		return false, err
 	}
-	for _, f := range []struct {
-		path string
-		data []byte
-	}{{meta + storeMetaPending, out}, {sum + storeMetaPending, []byte(checksum)}} {
-		if err := writeSynced(f.path, f.data); err != nil {
-			return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
-		}
+	if err := writeSynced(meta+storeMetaPending, out); err != nil {
+		return false, err
+	}
+	if err := writeSynced(sum+storeMetaPending, []byte(checksum)); err != nil {
+		return false, err
 	}
 	if err := os.Rename(meta+storeMetaPending, meta); err != nil {
-		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
+		return false, err
 	}
 	if err := os.Rename(sum+storeMetaPending, sum); err != nil {
-		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
+		return false, err
 	}
-	if err := syncDir(sdir); err != nil {
-		return fmt.Errorf("embedded nats: store %s: %w", sdir, err)
-	}
-	e.log.Debug("mq: the history starts without its sources; the start attaches them once the partitions are recovered",
-		"stream", e.topo.HistoryStream)
-	return nil
+	return true, syncDir(sdir)
 }
 
 // finishDetach completes or drops a detachHistory that a crash interrupted. With

@@ -85,7 +85,7 @@ func TestDetachHistory_FinishesOrDropsWhatACrashLeft(t *testing.T) {
 			e := openEmbedded(t, dir)
 			require.NoError(t, e.Close())
 			history := e.topo.HistoryStream
-			sdir := filepath.Join(dir, "jetstream", "$G", "streams", history)
+			sdir := storeStreamDir(dir, history)
 			meta, sum := filepath.Join(sdir, storeMetaFile), filepath.Join(sdir, storeMetaSum)
 			read := func(path string) []byte {
 				b, err := os.ReadFile(path)

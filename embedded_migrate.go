@@ -28,7 +28,7 @@ import (
 // nats-server's file store for the in-process account ($G), read in v2.15.2.
 func (e *EmbeddedNATS) prepareLegacyStore(dir string) error {
 	for p := range e.topo.Partitions {
-		obs := filepath.Join(dir, "jetstream", "$G", "streams", e.topo.PartitionStream(p), "obs")
+		obs := filepath.Join(storeStreamDir(dir, e.topo.PartitionStream(p)), "obs")
 		if _, err := os.Stat(filepath.Join(obs, legacyIngestConsumer)); err != nil {
 			continue // no earlier durable here (or no store yet)
 		}
