@@ -93,6 +93,7 @@ type EmbeddedNATS struct {
 	budgetWatchDone chan struct{}
 	metrics         metric.Registration
 	tempDir         string
+	storeDir        string       // the server's store directory
 	storeLock       *flock.Flock // held while this broker serves a StoreDir
 	listening       bool
 }
@@ -233,6 +234,7 @@ func (e *EmbeddedNATS) start(opts EmbeddedOptions, dir string) error {
 	if err := e.detachHistory(dir); err != nil {
 		return err
 	}
+	e.storeDir = dir
 	srv, err := server.NewServer(sopts)
 	if err != nil {
 		return fmt.Errorf("embedded nats: server: %w", err)

@@ -37,10 +37,11 @@ import (
 
 // Names in nats-server's file store (filestore.go), read in v2.15.3.
 const (
-	storeMetaFile    = "meta.inf"
-	storeMetaSum     = "meta.sum"
-	storeMetaKey     = "meta.key"
-	storeMetaPending = ".new" // detachHistory's copies before they replace the store's
+	storeMetaFile     = "meta.inf"
+	storeMetaSum      = "meta.sum"
+	storeMetaKey      = "meta.key"
+	storeMetaPending  = ".new" // detachHistory's copies before they replace the store's
+	storeConsumersDir = "obs"  // a stream's consumers, one directory each, named as the consumer
 )
 
 // storeStreamDir is where stream lives in the file store under dir, for the
