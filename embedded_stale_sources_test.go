@@ -3,6 +3,7 @@
 package mq
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,8 +44,8 @@ func sourceConsumers(t *testing.T, e *EmbeddedNATS, dir string) map[string]time.
 // case restarts twice. Either sign that nothing is left to copy is enough: a restart
 // at once after the history copied (the consumer's own state, written lazily, may
 // still count events), and one after an idle longer than the history keeps its copies
-// (the history holds none). After each start an event published reaches the history,
-// once, and the worker gets every event.
+// (the history holds none). An event published after the last start reaches the
+// history, once, and the worker gets every event.
 func TestEmbeddedNATS_ARestartGivesTheHistoryNewSourceConsumers(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -53,7 +54,7 @@ func TestEmbeddedNATS_ARestartGivesTheHistoryNewSourceConsumers(t *testing.T) {
 	}{
 		{"at once after the history copied", 0, 0},
 		{"after an idle moment", time.Second, 0},
-		{"after an idle longer than the history keeps events", 2 * time.Second, time.Second},
+		{"after an idle longer than the history keeps events", 0, time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -76,6 +77,12 @@ func TestEmbeddedNATS_ARestartGivesTheHistoryNewSourceConsumers(t *testing.T) {
 				}, time.Minute, 20*time.Millisecond, "restart %d: the history never copied the event", restart)
 				old := sourceConsumers(t, e, dir)
 				require.Len(t, old, e.topo.Partitions, "before restart %d: one source consumer per partition", restart)
+				if c.maxAge > 0 {
+					// Its copies expired: the consumer's state, written within 100 ms
+					// of a change, says it delivered everything long since.
+					require.Eventually(t, func() bool { return replayCount(t, e, tp) == 0 }, time.Minute, 20*time.Millisecond,
+						"restart %d: the history's copies never expired", restart)
+				}
 				time.Sleep(c.idle)
 				require.NoError(t, e.Close())
 				e = open()
@@ -97,12 +104,73 @@ func TestEmbeddedNATS_ARestartGivesTheHistoryNewSourceConsumers(t *testing.T) {
 	}
 }
 
+// ackWhileDetached closes e and, with a plain nats-server on its detached store,
+// publishes n events to subject on partition and has the durable acknowledge every
+// event it holds there: they stay in the partition for the history's recovered
+// source consumer alone, which has them left to copy. It returns that consumer's name
+// and creation time. The server deletes a source consumer nobody listens to after 10 s
+// (nats-server's sourceHealthCheckInterval), so this must not take longer.
+func ackWhileDetached(t *testing.T, e *EmbeddedNATS, dir, subject, partition string, n int) (string, time.Time) {
+	t.Helper()
+	ctx := testCtx(t)
+	require.NoError(t, e.Close())
+	require.NoError(t, e.detachHistory(dir))
+	srv := runServer(t, &server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+	})
+	defer func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}()
+	_, js := connectUpstream(t, srv)
+	for range n {
+		_, err := js.Publish(ctx, subject, []byte("while detached"))
+		require.NoError(t, err)
+	}
+	cons, err := js.Consumer(ctx, partition, e.topo.IngestConsumer)
+	require.NoError(t, err)
+	for cons.CachedInfo().NumPending+uint64(cons.CachedInfo().NumAckPending) > 0 {
+		batch, err := cons.Fetch(n, jetstream.FetchPriorityGroup(e.topo.IngestGroup), jetstream.FetchMaxWait(5*time.Second))
+		require.NoError(t, err)
+		for m := range batch.Messages() {
+			require.NoError(t, m.DoubleAck(ctx))
+		}
+		require.NoError(t, batch.Error())
+		_, err = cons.Info(ctx)
+		require.NoError(t, err)
+	}
+	require.GreaterOrEqual(t, mustStream(t, js, partition).CachedInfo().State.Msgs, uint64(n),
+		"the partition keeps the acknowledged events for the history's source consumer")
+	entries, err := os.ReadDir(filepath.Join(storeStreamDir(dir, partition), storeConsumersDir))
+	require.NoError(t, err)
+	for _, entry := range entries {
+		if !strings.HasPrefix(entry.Name(), sourceConsumerPrefix) {
+			continue
+		}
+		src, err := js.PushConsumer(ctx, partition, entry.Name())
+		require.NoError(t, err)
+		// At least: its state is written lazily, and may still count events it
+		// delivered before.
+		require.GreaterOrEqual(t, src.CachedInfo().NumPending, uint64(n), "the events the history's source consumer has left to copy")
+		return entry.Name(), src.CachedInfo().Created
+	}
+	t.Fatalf("no source consumer on %s", partition)
+	return "", time.Time{}
+}
+
+// assertKeptAndCopied checks, after the start that follows ackWhileDetached, that the
+// source consumer with events left to copy was kept and the history got every event
+// of topic.
+func assertKeptAndCopied(t *testing.T, e *EmbeddedNATS, dir, partition, name string, created time.Time, tp Topic, want int) {
+	t.Helper()
+	assert.Equal(t, created, sourceConsumers(t, e, dir)[partition+"/"+name], "the source consumer with events left to copy was replaced")
+	assert.Eventually(t, func() bool { return replayCount(t, e, tp) == want }, time.Minute, 50*time.Millisecond,
+		"the history never got the events the worker acknowledged while it had no sources")
+}
+
 // A recovered source consumer with events left to copy is kept: the events the worker
 // acknowledged are held in the partition by its interest alone, and deleting it would
-// have removed them before the history copied them. Made here with a plain nats-server
-// on the detached store: events published and acknowledged by the durable while the
-// history has no sources. The next start keeps the consumer, and the history gets
-// every event.
+// have removed them before the history copied them. The history gets every event.
 func TestEmbeddedNATS_ARestartKeepsASourceConsumerWithEventsLeftToCopy(t *testing.T) {
 	t.Parallel() // most of it waits for the server's retry of the kept consumer
 	dir := filepath.Join(t.TempDir(), "store")
@@ -115,53 +183,76 @@ func TestEmbeddedNATS_ARestartKeepsASourceConsumerWithEventsLeftToCopy(t *testin
 	subject, p, err := e.core.subs.ingestTopic(tp)
 	require.NoError(t, err)
 	partition := e.topo.PartitionStream(p)
+	const acked = 5
+	name, created := ackWhileDetached(t, e, dir, subject, partition, acked)
+	e = openEmbedded(t, dir)
+	assertKeptAndCopied(t, e, dir, partition, name, created, tp, 1+acked)
+}
+
+// A partition removed and made again starts its sequences over, below the copies the
+// history kept of the old one: those copies must not pass for copies of the new one's
+// events. Four partitions, then two (the last two, drained, are removed), then four
+// again; the new partition's events are acknowledged while the history has no
+// sources, and the next start keeps its source consumer.
+func TestEmbeddedNATS_ARestartKeepsTheSourceConsumerOfAPartitionMadeAgain(t *testing.T) {
+	t.Parallel() // most of it waits for the server's retry of the kept consumer
+	dir := filepath.Join(t.TempDir(), "store")
+	ctx := testCtx(t)
+	partitions := func(n int) func(*EmbeddedOptions) {
+		return func(o *EmbeddedOptions) { o.Topology.Partitions = n }
+	}
+	e := openEmbedded(t, dir, partitions(4))
+	var tp Topic
+	for i := 0; tp.Tenant == ""; i++ {
+		if id := TenantID(fmt.Sprintf("tenant-%d", i)); Partition(id, 4) == 3 {
+			tp = Topic{Tenant: id, Table: "t"}
+		}
+	}
+	require.NoError(t, e.SetMaxBytes(ctx, tp.Tenant, 1<<20))
+	const old = 6
+	for range old {
+		require.NoError(t, e.Publish(ctx, tp, []byte("old")))
+	}
+	require.Len(t, drain(t, e, old), old)
+	require.Eventually(t, func() bool { return replayCount(t, e, tp) == old }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		s, err := e.js.Stream(ctx, e.topo.PartitionStream(3))
+		return err == nil && s.CachedInfo().State.Msgs == 0
+	}, time.Minute, 20*time.Millisecond, "the old partition never emptied")
+	require.NoError(t, e.Close())
+	e = openEmbedded(t, dir, partitions(2))
+	require.NoError(t, e.Close())
+	e = openEmbedded(t, dir, partitions(4))
+	subject, p, err := e.core.subs.ingestTopic(tp)
+	require.NoError(t, err)
+	require.Equal(t, 3, p)
+	partition := e.topo.PartitionStream(p)
+	const acked = 2 // fewer than the old partition's: its copies' sequences are higher
+	name, created := ackWhileDetached(t, e, dir, subject, partition, acked)
+	e = openEmbedded(t, dir, partitions(4))
+	assertKeptAndCopied(t, e, dir, partition, name, created, tp, old+acked)
+}
+
+// A broker that listens keeps its recovered source consumers: until the history
+// attaches, nothing else would hold the events it has not copied, and a worker outside
+// the process may acknowledge them. The history resumes from them when the server sets
+// them up again, and gets every event.
+func TestEmbeddedNATS_AListeningBrokersRestartKeepsItsSourceConsumers(t *testing.T) {
+	t.Parallel() // most of it waits for the server's retry of the kept consumers
+	dir := filepath.Join(t.TempDir(), "store")
+	ctx := testCtx(t)
+	tp := Topic{Tenant: "acme", Table: "t"}
+	listen := func(o *EmbeddedOptions) { o.ListenAddr = "127.0.0.1:0" }
+	e := openEmbedded(t, dir, listen)
+	require.NoError(t, e.SetMaxBytes(ctx, tp.Tenant, 1<<20))
+	require.NoError(t, e.Publish(ctx, tp, []byte("before")))
+	require.Eventually(t, func() bool { return replayCount(t, e, tp) == 1 }, 10*time.Second, 20*time.Millisecond)
 	old := sourceConsumers(t, e, dir)
 	require.Len(t, old, e.topo.Partitions)
 	require.NoError(t, e.Close())
-	require.NoError(t, e.detachHistory(dir))
-
-	const acked = 5
-	srv := runServer(t, &server.Options{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
-	})
-	_, js := connectUpstream(t, srv)
-	for range acked {
-		_, err := js.Publish(ctx, subject, []byte("while detached"))
-		require.NoError(t, err)
-	}
-	cons, err := js.Consumer(ctx, partition, e.topo.IngestConsumer)
-	require.NoError(t, err)
-	got := 0
-	for got < acked+1 { // the event from before, unacknowledged, and the new ones
-		batch, err := cons.Fetch(acked+1, jetstream.FetchPriorityGroup(e.topo.IngestGroup), jetstream.FetchMaxWait(5*time.Second))
-		require.NoError(t, err)
-		for m := range batch.Messages() {
-			require.NoError(t, m.DoubleAck(ctx))
-			got++
-		}
-		require.NoError(t, batch.Error())
-	}
-	for name := range old {
-		if stream, cons, _ := strings.Cut(name, "/"); stream == partition {
-			src, err := js.PushConsumer(ctx, stream, cons)
-			require.NoError(t, err)
-			// At least: its state is written lazily, and may still count the event from
-			// before, copied already.
-			require.GreaterOrEqual(t, src.CachedInfo().NumPending, uint64(acked), "the events the history's source consumer has left to copy")
-		}
-	}
-	require.GreaterOrEqual(t, mustStream(t, js, partition).CachedInfo().State.Msgs, uint64(acked),
-		"the partition keeps the acknowledged events for the history's source consumer")
-	srv.Shutdown()
-	srv.WaitForShutdown()
-
-	e = openEmbedded(t, dir)
-	kept := sourceConsumers(t, e, dir)
-	for name, created := range old {
-		if strings.HasPrefix(name, partition+"/") {
-			assert.Equal(t, created, kept[name], "the source consumer with events left to copy was replaced")
-		}
-	}
-	assert.Eventually(t, func() bool { return replayCount(t, e, tp) == 1+acked }, time.Minute, 50*time.Millisecond,
-		"the history never got the events the worker acknowledged while it had no sources")
+	e = openEmbedded(t, dir, listen)
+	assert.Equal(t, old, sourceConsumers(t, e, dir), "a listening broker's start replaced its source consumers")
+	require.NoError(t, e.Publish(ctx, tp, []byte("after")))
+	assert.Eventually(t, func() bool { return replayCount(t, e, tp) == 2 }, time.Minute, 50*time.Millisecond,
+		"an event published after the start never reached the history")
 }

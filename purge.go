@@ -176,7 +176,7 @@ func firstCopyOf(ctx context.Context, hist jetstream.Stream, filter, stream stri
 // header, "<stream> <seq> <filter> <transform>".
 func sourceSeq(header, stream string) (uint64, bool) {
 	fields := strings.Fields(header)
-	if len(fields) < 2 || !strings.HasPrefix(fields[0], stream) {
+	if len(fields) < 2 || fields[0] != stream { // WH_INGEST_1 is a prefix of WH_INGEST_10
 		return 0, false
 	}
 	seq, err := strconv.ParseUint(fields[1], 10, 64)
