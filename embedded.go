@@ -395,7 +395,9 @@ func (e *EmbeddedNATS) Health(ctx context.Context) error {
 }
 
 // Close stops every consumer and subscription, flushes pending acks, shuts the server
-// down and waits for it, so the store can be opened again with nothing lost.
+// down and waits for it, so the store can be opened again with nothing lost. Before
+// the shutdown it waits up to 5 s for the history to copy what the partitions hold, so
+// the next start's hub and replays see new events at once (see awaitCopies).
 func (e *EmbeddedNATS) Close() error {
 	if e.opened() != nil {
 		return nil // nothing to close
@@ -404,6 +406,9 @@ func (e *EmbeddedNATS) Close() error {
 		return nil
 	}
 	e.saveAcked()
+	if e.tempDir == "" && !e.listening { // a store the next start opens, and only this process writes to
+		e.awaitCopies()
+	}
 	e.shutdown()
 	return nil
 }

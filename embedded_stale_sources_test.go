@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -255,4 +256,57 @@ func TestEmbeddedNATS_AListeningBrokersRestartKeepsItsSourceConsumers(t *testing
 	require.NoError(t, e.Publish(ctx, tp, []byte("after")))
 	assert.Eventually(t, func() bool { return replayCount(t, e, tp) == 2 }, time.Minute, 50*time.Millisecond,
 		"an event published after the start never reached the history")
+}
+
+// Close waits for the history to store its copies of a burst. The history queues what
+// its source consumer pushes and ran thousands of events behind (6.5k of this 20k
+// burst stored at the Close, measured); a push is the source consumer's
+// acknowledgement, so the partition drops an event once the worker acknowledged it
+// too, and a shutdown drops the history's queue: the hub and replays would never see
+// such an event. The store the Close left is read with a plain nats-server, the
+// history detached so nothing copies meanwhile: the history holds every event. The
+// next start then finds nothing left to copy and makes the source consumers anew.
+// The burst is published asynchronously with nats.go, faster than the history copies.
+func TestEmbeddedNATS_CloseWaitsForTheHistoryToStoreABurstsCopies(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "store")
+	ctx := testCtx(t)
+	e := openEmbedded(t, dir)
+	tp := Topic{Tenant: "acme", Table: "t"}
+	subject, _, err := e.core.subs.ingestTopic(tp)
+	require.NoError(t, err)
+	nc, err := nats.Connect("", nats.InProcessServer(e.srv))
+	require.NoError(t, err)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	require.NoError(t, err)
+	const n = 20_000
+	for range n {
+		_, err := js.PublishAsync(subject, []byte("burst"))
+		require.NoError(t, err)
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("the burst was never confirmed")
+	}
+	nc.Close()
+	old := sourceConsumers(t, e, dir)
+	require.Len(t, old, e.topo.Partitions)
+	require.NoError(t, e.Close())
+
+	require.NoError(t, e.detachHistory(dir))
+	srv := runServer(t, &server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+	})
+	_, upstream := connectUpstream(t, srv)
+	assert.Equal(t, uint64(n), mustStream(t, upstream, e.topo.HistoryStream).CachedInfo().State.Msgs,
+		"the history's copies in the store the Close left")
+	srv.Shutdown()
+	srv.WaitForShutdown()
+
+	e = openEmbedded(t, dir)
+	for name, created := range sourceConsumers(t, e, dir) {
+		assert.NotEqual(t, old[name], created, "%s is the one recovered, not one made by the start", name)
+	}
+	assert.Equal(t, n, replayCount(t, e, tp), "a replay after the start")
 }
