@@ -86,9 +86,9 @@ func (e *EmbeddedNATS) dropIdleSourceConsumers(ctx context.Context, dir string) 
 // copyState is what the history has left to copy of one partition.
 type copyState struct {
 	// copied: the history holds a copy of the partition's last event made since the
-	// partition was created, or the partition never held one; none: it holds no copy
-	// from this partition (its copies expired, or it never copied one).
-	copied, none bool
+	// partition was created, or the partition never held one. False too when that copy
+	// is gone (PurgeAcked, the history's max age).
+	copied bool
 	// consumers is the history's source consumers on the partition, each with the
 	// events it says it has not delivered yet.
 	consumers map[string]uint64
@@ -97,7 +97,7 @@ type copyState struct {
 // delivered reports whether the source consumers say they delivered everything, or
 // there is none to deliver anything (the history never attached the partition).
 // Delivered is not stored: the history queues what its consumer pushes, and under load
-// held thousands of events so (measured: 6.5k of a 20k burst); a delivery is its
+// held thousands of events so (measured: 6.5k of a 20k burst); a push is the source
 // consumer's acknowledgement, so the partition drops an event the worker acknowledged
 // too, and a shutdown drops the history's queue.
 func (c copyState) delivered() bool {
@@ -126,9 +126,7 @@ func (e *EmbeddedNATS) leftToCopy(ctx context.Context, history jetstream.Stream,
 		case err == nil:
 			seq, ok := sourceSeq(m.Header.Get(streamSourceHeader), stream)
 			state.copied = ok && seq >= info.State.LastSeq && !m.Time.Before(info.Created)
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			state.none = true
-		default:
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
 			return copyState{}, err
 		}
 	}
@@ -155,19 +153,29 @@ func (e *EmbeddedNATS) leftToCopy(ctx context.Context, history jetstream.Stream,
 	return state, nil
 }
 
-// closeCopyWait bounds how long Close waits for the history to copy what the
-// partitions hold.
+// closeCopyWait bounds how long Close waits for the history to store its copies.
 const closeCopyWait = 5 * time.Second
 
-// awaitCopies waits, bounded by closeCopyWait, until the history stored a copy of
-// every partition's last event. Under load the history runs behind (10-20k events a
+// copySteadyRounds is how many rounds of awaitCopies (20 ms apart) the history must
+// stay still, its source caught up and every event pushed, to count as done without a
+// copy of the partition's last event to compare with.
+const copySteadyRounds = 5
+
+// awaitCopies waits, bounded by closeCopyWait, until the history stored its copies of
+// what every partition held. Under load the history runs behind (10-20k events a
 // partition, see the README), and at the shutdown it loses what it had queued and not
 // stored: once the worker acknowledged such an event, no partition keeps it either
 // (see copyState.delivered), and the hub and replays never see it. What its source
 // consumer had not pushed yet is kept, but the next start then keeps that consumer,
 // and the hub waits 10 to 20 s. Close calls this after the last publish of this
-// process: the history catches up at its own pace, without new events. It gives up at
-// once when the server does not answer.
+// process: the history catches up at its own pace, without new events.
+//
+// Done is a copy of the partition's last event in the history. When that copy is gone
+// (PurgeAcked trims each tenant on its own, so the last event's copy may go while
+// older ones stay; the history's max age), done is the history's source for the
+// partition caught up (no lag at the last event it stored), every event pushed, and
+// the history unchanged for copySteadyRounds rounds: a queue not yet stored changes it
+// within milliseconds. It returns at once when the connection is down.
 func (e *EmbeddedNATS) awaitCopies() {
 	if !e.nc.IsConnected() {
 		return // a request would wait out the bound for an answer that cannot come
@@ -176,27 +184,57 @@ func (e *EmbeddedNATS) awaitCopies() {
 	defer cancel()
 	history, err := e.js.Stream(ctx, e.topo.HistoryStream)
 	if err != nil {
+		e.log.Debug("mq: cannot read the history before closing", "stream", e.topo.HistoryStream, "error", err)
 		return
 	}
 	for p := range e.topo.Partitions {
-		for {
+		stream := e.topo.PartitionStream(p)
+		var last uint64
+		steady := 0
+		for steady < copySteadyRounds {
 			left, err := e.leftToCopy(ctx, history, e.storeDir, p)
+			if err == nil && left.copied {
+				break
+			}
+			var info *jetstream.StreamInfo
+			if err == nil {
+				info, err = history.Info(ctx)
+			}
 			if err != nil {
-				if ctx.Err() == nil {
-					e.log.Debug("mq: cannot tell what the history has left to copy; closing", "stream", e.topo.PartitionStream(p), "error", err)
+				if ctx.Err() != nil {
+					e.closeGaveUp(stream)
+				} else {
+					e.log.Debug("mq: cannot tell what the history has left to copy; closing", "stream", stream, "error", err)
 				}
-				break
+				return
 			}
-			// Only what the history stored counts here (see delivered), unless it holds
-			// nothing of the partition to compare with.
-			if left.copied || (left.none && left.delivered()) {
-				break
+			if sourceLag(info, stream) == 0 && left.delivered() && info.State.LastSeq == last {
+				steady++
+			} else {
+				steady = 0
 			}
+			last = info.State.LastSeq
 			if sleepCtx(ctx, 20*time.Millisecond) != nil {
-				e.log.Warn("mq: closing before the history stored every copy: the events it had queued and the worker acknowledged never reach the hub or a replay, and the next start resumes the rest 10 to 20 s later",
-					"stream", e.topo.PartitionStream(p), "waited", closeCopyWait)
+				e.closeGaveUp(stream)
 				return
 			}
 		}
 	}
+}
+
+// closeGaveUp says that Close stops waiting for the history to store its copies.
+func (e *EmbeddedNATS) closeGaveUp(stream string) {
+	e.log.Warn("mq: closing before the history stored its copies of a partition: events it had queued and the worker acknowledged never reach the hub or a replay, and the next start resumes the rest 10 to 20 s later",
+		"stream", stream, "waited", closeCopyWait)
+}
+
+// sourceLag is how far behind the history's source for stream was at the last event
+// it stored, or 0 when the history does not source stream.
+func sourceLag(info *jetstream.StreamInfo, stream string) uint64 {
+	for _, si := range info.Sources {
+		if si != nil && si.Name == stream {
+			return si.Lag
+		}
+	}
+	return 0
 }

@@ -4,6 +4,7 @@ package mq
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -309,4 +310,33 @@ func TestEmbeddedNATS_CloseWaitsForTheHistoryToStoreABurstsCopies(t *testing.T) 
 		assert.NotEqual(t, old[name], created, "%s is the one recovered, not one made by the start", name)
 	}
 	assert.Equal(t, n, replayCount(t, e, tp), "a replay after the start")
+}
+
+// A Close after PurgeAcked took the copy of the partition's last event (PurgeAcked
+// trims each tenant on its own) finds nothing left to copy all the same: the history's
+// source caught up, every event pushed, the history still. It does not wait out its
+// bound and warn of events lost. One partition: globex's events, then acme's, all
+// acknowledged; acme's copies purged, globex's older ones kept.
+func TestEmbeddedNATS_ACloseAfterPurgeAckedTookTheLastCopyFindsNothingLeftToCopy(t *testing.T) {
+	var logs syncBuffer
+	e := openEmbedded(t, "", func(o *EmbeddedOptions) {
+		o.Topology.Partitions = 1
+		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	ctx := testCtx(t)
+	acme, globex := Topic{Tenant: "acme", Table: "t"}, Topic{Tenant: "globex", Table: "t"}
+	for _, tp := range []Topic{globex, acme} {
+		require.NoError(t, e.SetMaxBytes(ctx, tp.Tenant, 1<<20))
+		require.NoError(t, e.Publish(ctx, tp, []byte("event")))
+	}
+	require.Len(t, drain(t, e, 2), 2)
+	require.Eventually(t, func() bool { return replayCount(t, e, acme) == 1 && replayCount(t, e, globex) == 1 },
+		30*time.Second, 10*time.Millisecond)
+	purged, err := e.PurgeAcked(ctx, WorkerDurable, map[TenantID]time.Time{globex.Tenant: time.Now().Add(-time.Hour)})
+	require.NoError(t, err)
+	require.True(t, purged)
+	require.Zero(t, replayCount(t, e, acme), "acme's copies purged")
+	require.Equal(t, 1, replayCount(t, e, globex), "globex's copy kept")
+	require.NoError(t, e.Close())
+	assert.NotContains(t, logs.String(), "closing before the history stored", "Close waited out its bound")
 }
