@@ -157,8 +157,8 @@ func (e *EmbeddedNATS) leftToCopy(ctx context.Context, history jetstream.Stream,
 const closeCopyWait = 5 * time.Second
 
 // copySteadyRounds is how many rounds of awaitCopies (20 ms apart) the history must
-// stay still, its source caught up and every event pushed, to count as done without a
-// copy of the partition's last event to compare with.
+// stay still to count as having stored what it was sent, where no copy of a
+// partition's last event is left to compare with.
 const copySteadyRounds = 5
 
 // awaitCopies waits, bounded by closeCopyWait, until the history stored its copies of
@@ -170,12 +170,14 @@ const copySteadyRounds = 5
 // and the hub waits 10 to 20 s. Close calls this after the last publish of this
 // process: the history catches up at its own pace, without new events.
 //
-// Done is a copy of the partition's last event in the history. When that copy is gone
-// (PurgeAcked trims each tenant on its own, so the last event's copy may go while
-// older ones stay; the history's max age), done is the history's source for the
-// partition caught up (no lag at the last event it stored), every event pushed, and
-// the history unchanged for copySteadyRounds rounds: a queue not yet stored changes it
-// within milliseconds. It returns at once when the connection is down.
+// A partition is done once the history holds a copy of its last event. When that copy
+// is gone (PurgeAcked trims each tenant on its own, so the last event's copy may go
+// while older ones stay; the history's max age), it is done once every event was
+// pushed, the history's source for it shows no lag, and the history stays still for
+// copySteadyRounds rounds. The stillness is the real test: the history stores its
+// queue in one goroutine, and a queue left changes it within milliseconds unless that
+// goroutine stalls for longer than the rounds. It returns at once when the
+// connection is down.
 func (e *EmbeddedNATS) awaitCopies() {
 	if !e.nc.IsConnected() {
 		return // a request would wait out the bound for an answer that cannot come
@@ -187,49 +189,70 @@ func (e *EmbeddedNATS) awaitCopies() {
 		e.log.Debug("mq: cannot read the history before closing", "stream", e.topo.HistoryStream, "error", err)
 		return
 	}
-	for p := range e.topo.Partitions {
-		stream := e.topo.PartitionStream(p)
-		var last uint64
-		steady := 0
-		for steady < copySteadyRounds {
-			left, err := e.leftToCopy(ctx, history, e.storeDir, p)
-			if err == nil && left.copied {
-				break
-			}
-			var info *jetstream.StreamInfo
-			if err == nil {
-				info, err = history.Info(ctx)
-			}
-			if err != nil {
-				if ctx.Err() != nil {
-					e.closeGaveUp(stream)
-				} else {
-					e.log.Debug("mq: cannot tell what the history has left to copy; closing", "stream", stream, "error", err)
-				}
+	waiting := make([]int, e.topo.Partitions) // the partitions not done yet
+	for p := range waiting {
+		waiting[p] = p
+	}
+	var last uint64
+	steady := -1 // the first round has nothing to compare with
+	for {
+		info, err := history.Info(ctx)
+		if err != nil {
+			e.stopAwaitingCopies(ctx, waiting, err)
+			return
+		}
+		still := true // every partition left has all pushed and no lag
+		left := make([]int, 0, len(waiting))
+		for _, p := range waiting {
+			stream := e.topo.PartitionStream(p)
+			state, err := e.leftToCopy(ctx, history, e.storeDir, p)
+			switch {
+			case err != nil && ctx.Err() != nil:
+				e.stopAwaitingCopies(ctx, waiting, err)
 				return
+			case err != nil:
+				e.log.Debug("mq: cannot tell what the history has left to copy of a partition; not waiting for it", "stream", stream, "error", err)
+			case state.copied:
+			default:
+				left = append(left, p)
+				still = still && state.delivered() && sourceLag(info, stream) == 0
 			}
-			if sourceLag(info, stream) == 0 && left.delivered() && info.State.LastSeq == last {
-				steady++
-			} else {
-				steady = 0
-			}
-			last = info.State.LastSeq
-			if sleepCtx(ctx, 20*time.Millisecond) != nil {
-				e.closeGaveUp(stream)
-				return
-			}
+		}
+		waiting = left
+		if still && info.State.LastSeq == last {
+			steady++
+		} else {
+			steady = 0
+		}
+		last = info.State.LastSeq
+		if len(waiting) == 0 || steady >= copySteadyRounds {
+			return
+		}
+		if sleepCtx(ctx, 20*time.Millisecond) != nil {
+			e.stopAwaitingCopies(ctx, waiting, ctx.Err())
+			return
 		}
 	}
 }
 
-// closeGaveUp says that Close stops waiting for the history to store its copies.
-func (e *EmbeddedNATS) closeGaveUp(stream string) {
-	e.log.Warn("mq: closing before the history stored its copies of a partition: events it had queued and the worker acknowledged never reach the hub or a replay, and the next start resumes the rest 10 to 20 s later",
-		"stream", stream, "waited", closeCopyWait)
+// stopAwaitingCopies says why awaitCopies stops before the partitions waiting are
+// done: at Warn when its bound ran out, else (the server did not answer as asked) at
+// Debug.
+func (e *EmbeddedNATS) stopAwaitingCopies(ctx context.Context, waiting []int, err error) {
+	streams := make([]string, len(waiting))
+	for i, p := range waiting {
+		streams[i] = e.topo.PartitionStream(p)
+	}
+	if ctx.Err() == nil {
+		e.log.Debug("mq: cannot tell what the history has left to copy; closing", "partitions", streams, "error", err)
+		return
+	}
+	e.log.Warn("mq: closing before the history stored its copies: events it had queued and the worker acknowledged may never reach the hub or a replay, and the next start resumes the rest 10 to 20 s later",
+		"partitions", streams, "waited", closeCopyWait)
 }
 
-// sourceLag is how far behind the history's source for stream was at the last event
-// it stored, or 0 when the history does not source stream.
+// sourceLag is what the history's source for stream last saw still pending at its
+// consumer, less the event in hand, or 0 when the history does not source stream.
 func sourceLag(info *jetstream.StreamInfo, stream string) uint64 {
 	for _, si := range info.Sources {
 		if si != nil && si.Name == stream {
