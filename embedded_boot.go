@@ -52,7 +52,7 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 			return err
 		}
 	}
-	e.dropIdleSourceConsumers(ctx, e.storeDir)
+	e.dropIdleSourceConsumers(ctx)
 	for _, cfg := range []jetstream.StreamConfig{e.topo.historyConfig(), e.topo.deadLetterConfig()} {
 		if err := e.createStream(ctx, cfg); err != nil {
 			return err
@@ -98,7 +98,7 @@ func (e *EmbeddedNATS) boot(ctx context.Context) error {
 // and attached it 8.9 to 11.4 s into this wait (measured, 3 starts). The bound
 // outlasts such a retry, and the wait says why the start is slow. Attached means the
 // source consumer exists; the copies resume at once when the boot could delete the
-// recovered one first (embedded_stale_sources.go), seconds later when it kept it.
+// recovered one first (embedded_stale_sources.go), 10 or 20 s later when it kept it.
 func (e *EmbeddedNATS) awaitSources(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, sourceAttachWait)
 	defer cancel()

@@ -51,11 +51,11 @@ const (
 )
 
 // dropIdleSourceConsumers deletes, on every partition, the history's source consumers
-// the server recovered from dir that have nothing left to copy. It does nothing when
+// the server recovered that have nothing left to copy. It does nothing when
 // the history has sources already (a new store's first boot, an encrypted store the
 // detach leaves alone): those consumers are in use. A consumer it cannot read or
 // delete is left, and only costs the wait it would have cost anyway.
-func (e *EmbeddedNATS) dropIdleSourceConsumers(ctx context.Context, dir string) {
+func (e *EmbeddedNATS) dropIdleSourceConsumers(ctx context.Context) {
 	if e.listening {
 		return
 	}
@@ -65,7 +65,7 @@ func (e *EmbeddedNATS) dropIdleSourceConsumers(ctx context.Context, dir string) 
 	}
 	for p := range e.topo.Partitions {
 		stream := e.topo.PartitionStream(p)
-		left, err := e.leftToCopy(ctx, history, dir, p)
+		left, err := e.leftToCopy(ctx, history, p)
 		if err != nil {
 			e.log.Debug("mq: cannot tell what the history has left to copy of a partition", "stream", stream, "error", err)
 			continue
@@ -109,10 +109,8 @@ func (c copyState) delivered() bool {
 	return true
 }
 
-// leftToCopy reads what history has left to copy of partition p, whose consumers the
-// store in dir lists: a source consumer is found there, as the server hides it from
-// the consumer list.
-func (e *EmbeddedNATS) leftToCopy(ctx context.Context, history jetstream.Stream, dir string, p int) (copyState, error) {
+// leftToCopy reads what history has left to copy of partition p.
+func (e *EmbeddedNATS) leftToCopy(ctx context.Context, history jetstream.Stream, p int) (copyState, error) {
 	stream := e.topo.PartitionStream(p)
 	part, err := e.js.Stream(ctx, stream)
 	if err != nil {
@@ -130,27 +128,43 @@ func (e *EmbeddedNATS) leftToCopy(ctx context.Context, history jetstream.Stream,
 			return copyState{}, err
 		}
 	}
-	entries, err := os.ReadDir(filepath.Join(storeStreamDir(dir, stream), storeConsumersDir))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	consumers, err := historySourceConsumers(ctx, e.js, e.storeDir, stream, e.topo.HistoryStream)
+	if err != nil {
 		return copyState{}, err
 	}
+	for name, ci := range consumers {
+		state.consumers[name] = ci.NumPending
+	}
+	return state, nil
+}
+
+// historySourceConsumers returns the source consumers of the stream history on stream,
+// as js reads them, found in the file store under dir: the server hides a source
+// consumer from the consumer list. Another stream's, made through a listening broker,
+// are left out.
+func historySourceConsumers(ctx context.Context, js jetstream.JetStream, dir, stream, history string) (map[string]*jetstream.ConsumerInfo, error) {
+	entries, err := os.ReadDir(filepath.Join(storeStreamDir(dir, stream), storeConsumersDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	found := map[string]*jetstream.ConsumerInfo{}
 	for _, entry := range entries {
 		name := entry.Name()
 		if !entry.IsDir() || !strings.HasPrefix(name, sourceConsumerPrefix) {
 			continue
 		}
-		cons, err := e.js.PushConsumer(ctx, stream, name) // a source consumer pushes
+		cons, err := js.PushConsumer(ctx, stream, name) // a source consumer pushes
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue // its directory outlived it
 		}
 		if err != nil {
-			return copyState{}, err
+			return nil, err
 		}
-		if ci := cons.CachedInfo(); ci.Config.Metadata[sourceStreamKey] == e.topo.HistoryStream {
-			state.consumers[name] = ci.NumPending
-		} // else another stream's, made through a listening broker: not the history's
+		if ci := cons.CachedInfo(); ci.Config.Metadata[sourceStreamKey] == history {
+			found[name] = ci
+		}
 	}
-	return state, nil
+	return found, nil
 }
 
 // closeCopyWait bounds how long Close waits for the history to store its copies.
@@ -205,7 +219,7 @@ func (e *EmbeddedNATS) awaitCopies() {
 		left := make([]int, 0, len(waiting))
 		for _, p := range waiting {
 			stream := e.topo.PartitionStream(p)
-			state, err := e.leftToCopy(ctx, history, e.storeDir, p)
+			state, err := e.leftToCopy(ctx, history, p)
 			switch {
 			case err != nil && ctx.Err() != nil:
 				e.stopAwaitingCopies(ctx, waiting, err)

@@ -5,9 +5,7 @@ package mq
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -22,19 +20,13 @@ import (
 // and creation time.
 func sourceConsumers(t *testing.T, e *EmbeddedNATS, dir string) map[string]time.Time {
 	t.Helper()
-	ctx := testCtx(t)
 	got := map[string]time.Time{}
 	for p := range e.topo.Partitions {
 		stream := e.topo.PartitionStream(p)
-		entries, err := os.ReadDir(filepath.Join(storeStreamDir(dir, stream), storeConsumersDir))
+		found, err := historySourceConsumers(testCtx(t), e.js, dir, stream, e.topo.HistoryStream)
 		require.NoError(t, err)
-		for _, entry := range entries {
-			if !strings.HasPrefix(entry.Name(), sourceConsumerPrefix) {
-				continue
-			}
-			c, err := e.js.PushConsumer(ctx, stream, entry.Name())
-			require.NoError(t, err, "source consumer %s on %s", entry.Name(), stream)
-			got[stream+"/"+entry.Name()] = c.CachedInfo().Created
+		for name, ci := range found {
+			got[stream+"/"+name] = ci.Created
 		}
 	}
 	return got
@@ -143,18 +135,13 @@ func ackWhileDetached(t *testing.T, e *EmbeddedNATS, dir, subject, partition str
 	}
 	require.GreaterOrEqual(t, mustStream(t, js, partition).CachedInfo().State.Msgs, uint64(n),
 		"the partition keeps the acknowledged events for the history's source consumer")
-	entries, err := os.ReadDir(filepath.Join(storeStreamDir(dir, partition), storeConsumersDir))
+	found, err := historySourceConsumers(ctx, js, dir, partition, e.topo.HistoryStream)
 	require.NoError(t, err)
-	for _, entry := range entries {
-		if !strings.HasPrefix(entry.Name(), sourceConsumerPrefix) {
-			continue
-		}
-		src, err := js.PushConsumer(ctx, partition, entry.Name())
-		require.NoError(t, err)
+	for name, ci := range found {
 		// At least: its state is written lazily, and may still count events it
 		// delivered before.
-		require.GreaterOrEqual(t, src.CachedInfo().NumPending, uint64(n), "the events the history's source consumer has left to copy")
-		return entry.Name(), src.CachedInfo().Created
+		require.GreaterOrEqual(t, ci.NumPending, uint64(n), "the events the history's source consumer has left to copy")
+		return name, ci.Created
 	}
 	t.Fatalf("no source consumer on %s", partition)
 	return "", time.Time{}
